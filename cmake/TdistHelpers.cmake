@@ -1,0 +1,63 @@
+# One shared precompiled header: every target that includes LibTorch reuses it, so the
+# ~20 s cost of parsing torch/torch.h is paid once per build directory.
+function(tdist_use_pch target)
+  if(TDIST_USE_PCH AND TARGET tdist_pch)
+    target_precompile_headers(${target} REUSE_FROM tdist_pch)
+  endif()
+endfunction()
+
+# tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>])
+# Builds src/<area>/*.cpp into the static library tdist_<area>. Areas without sources
+# are skipped, so work in progress elsewhere never blocks a build. NO_TORCH: the area's own
+# sources never include LibTorch (no precompiled header, no direct tdist_torch link).
+function(tdist_add_area)
+  cmake_parse_arguments(ARG "NO_TORCH" "NAME" "DEPS;LIBS" ${ARGN})
+  file(GLOB_RECURSE _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${ARG_NAME}/*.cpp)
+  if(NOT _sources)
+    return()
+  endif()
+  set(_target tdist_${ARG_NAME})
+  add_library(${_target} STATIC ${_sources})
+  add_library(tdist::${ARG_NAME} ALIAS ${_target})
+  target_include_directories(${_target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:include>
+    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  foreach(_dep ${ARG_DEPS})
+    if(TARGET tdist_${_dep})
+      target_link_libraries(${_target} PUBLIC tdist_${_dep})
+    endif()
+  endforeach()
+  if(ARG_NO_TORCH)
+    target_link_libraries(${_target} PUBLIC Threads::Threads ${ARG_LIBS})
+  else()
+    target_link_libraries(${_target} PUBLIC tdist_torch Threads::Threads ${ARG_LIBS})
+    tdist_use_pch(${_target})
+  endif()
+  set_property(GLOBAL APPEND PROPERTY TDIST_AREA_TARGETS ${_target})
+endfunction()
+
+# tdist_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABELS <labels...>]
+#                [TIMEOUT <seconds>] [ENV <k=v...>])
+# LIBS defaults to tdist (every area); name only the areas a test needs (e.g. tdist_comm),
+# so that work in progress in another area never breaks this test's build.
+# One GoogleTest executable, registered with CTest as one test (its cases run in-process;
+# multi-process cases re-execute the binary, see tests/support/ranks.h).
+function(tdist_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS;ENV" ${ARGN})
+  if(NOT ARG_LIBS)
+    set(ARG_LIBS tdist)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE tdist_test_support ${ARG_LIBS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  tdist_use_pch(${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+  if(ARG_ENV)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${ARG_ENV}")
+  endif()
+endfunction()

@@ -1,0 +1,19 @@
+# install + export so that an outside project can find_package(tdist) and link tdist::tdist.
+include(CMakePackageConfigHelpers)
+include(GNUInstallDirs)
+
+get_property(_areas GLOBAL PROPERTY TDIST_AREA_TARGETS)
+install(TARGETS tdist tdist_torch ${_areas} EXPORT tdistTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY include/tdist DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT tdistTargets NAMESPACE tdist:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist)
+configure_package_config_file(cmake/tdistConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/tdistConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tdistConfig.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist)

@@ -1,0 +1,85 @@
+#pragma once
+
+// The interface every communication engine implements (Gloo, MPI, NCCL, third parties).
+// As c10d's Backend: each collective has a default body that throws
+// "backend X does not support Y", so an engine overrides only what it has.
+// Ranks and roots here are ranks *within this backend's group*.
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdist/comm/types.h"
+#include "tdist/comm/work.h"
+
+namespace tdist {
+
+class CollectiveBackend {
+ public:
+  CollectiveBackend(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~CollectiveBackend() = default;
+  CollectiveBackend(const CollectiveBackend&) = delete;
+  CollectiveBackend& operator=(const CollectiveBackend&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// Lower-case backend name ("gloo", "mpi", ...), used in error messages.
+  virtual std::string name() const = 0;
+
+  virtual WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts);
+  virtual WorkPtr all_reduce(at::Tensor& tensor, const AllreduceOptions& opts);
+  /// Reduces several tensors in one collective (DDP buckets, FSDP gradient groups).
+  virtual WorkPtr all_reduce_coalesced(std::vector<at::Tensor>& tensors,
+                                       const AllreduceOptions& opts);
+  virtual WorkPtr reduce(at::Tensor& tensor, const ReduceOptions& opts);
+  virtual WorkPtr all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                             const AllgatherOptions& opts);
+  /// output is size() copies of input's shape concatenated along dim 0.
+  virtual WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                                         const AllgatherOptions& opts);
+  virtual WorkPtr gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                         const GatherOptions& opts);
+  virtual WorkPtr scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                          const ScatterOptions& opts);
+  virtual WorkPtr reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                 const ReduceScatterOptions& opts);
+  /// input is size() chunks along dim 0; this rank receives the reduction of its chunk.
+  virtual WorkPtr reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                                        const ReduceScatterOptions& opts);
+  virtual WorkPtr all_to_all(std::vector<at::Tensor>& outputs,
+                             const std::vector<at::Tensor>& inputs, const AllToAllOptions& opts);
+  /// Empty split sizes mean equal splits along dim 0.
+  virtual WorkPtr all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                    const std::vector<int64_t>& output_split_sizes,
+                                    const std::vector<int64_t>& input_split_sizes,
+                                    const AllToAllOptions& opts);
+  virtual WorkPtr barrier(const BarrierOptions& opts);
+  virtual WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts);
+  virtual WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts);
+
+  /// Marks the backend unusable after a fatal error (dead peer, timeout): every later call
+  /// fails at once with `reason` instead of computing on corrupt state.
+  void mark_broken(const std::string& reason);
+  bool is_broken() const;
+  std::string broken_reason() const;
+
+ protected:
+  [[noreturn]] void throw_unsupported(const std::string& op) const;
+  /// Throws DistBackendError if mark_broken() was called.
+  void check_not_broken(const std::string& op) const;
+
+  int rank_;
+  int size_;
+
+ private:
+  mutable std::mutex broken_mutex_;
+  std::string broken_reason_;
+};
+
+using CollectiveBackendPtr = std::shared_ptr<CollectiveBackend>;
+
+}  // namespace tdist
