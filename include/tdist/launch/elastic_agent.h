@@ -1,0 +1,50 @@
+#pragma once
+
+// The per-node agent: joins each round of the rendezvous, starts this node's workers with
+// the environment contract, forwards their output, and on a failure anywhere stops them
+// and restarts the round, up to --max-restarts.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdist/launch/launch_config.h"
+#include "tdist/launch/rendezvous.h"
+#include "tdist/launch/worker_group.h"
+
+namespace tdist::launch {
+
+class ElasticAgent {
+ public:
+  ElasticAgent(LaunchConfig config, Rendezvous& rendezvous);
+  ~ElasticAgent();
+  ElasticAgent(const ElasticAgent&) = delete;
+  ElasticAgent& operator=(const ElasticAgent&) = delete;
+
+  /// Runs the job to its end; returns tdistrun's exit code (0 success, 1 failure,
+  /// 128 + signal when interrupted).
+  int run();
+
+  /// The environment of one worker (the launcher's own, plus the contract).
+  std::vector<std::string> worker_env(const RendezvousInfo& info, int local_rank) const;
+  std::vector<WorkerSpec> worker_specs(const RendezvousInfo& info) const;
+
+ private:
+  enum class Outcome { kSucceeded, kFailed, kInterrupted };
+  Outcome run_round(const RendezvousInfo& info, const std::string& program);
+  std::string describe_failure(const RendezvousInfo& info, const WorkerStatus& failed) const;
+  void write_secret_file(const std::string& secret);
+  /// Leaves the rendezvous; errors (node 0 already gone) are only reported.
+  void leave(bool quick);
+  const std::string& run_dir();
+
+  LaunchConfig config_;
+  Rendezvous& rendezvous_;
+  std::map<std::string, std::string> base_env_;
+  std::string run_dir_;      // private 0700 directory for the secret file, removed at exit
+  std::string secret_file_;  // TDIST_STORE_SECRET_FILE for the workers
+  std::string log_root_;     // where per-rank logs go ("" when none)
+  int signal_ = 0;           // the terminating signal received, 0 if none
+};
+
+}  // namespace tdist::launch

@@ -1,0 +1,270 @@
+#include "tdist/launch/elastic_agent.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "process_util.h"
+
+extern char** environ;
+
+namespace tdist::launch {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+void note(const std::string& message) {
+  std::string line = "tdistrun: " + message + "\n";
+  write_all(2, line.data(), line.size());
+}
+}  // namespace
+
+ElasticAgent::ElasticAgent(LaunchConfig config, Rendezvous& rendezvous)
+    : config_(std::move(config)), rendezvous_(rendezvous) {
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) base_env_[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  bool needs_files = config_.redirects.all || !config_.redirects.per_local_rank.empty() ||
+                     config_.tee.all || !config_.tee.per_local_rank.empty();
+  if (!config_.log_dir.empty()) {
+    log_root_ = (std::filesystem::path(config_.log_dir) / config_.rdzv_id).string();
+  } else if (needs_files) {
+    // torchrun does the same: --redirects/--tee without --log-dir log to a temp dir.
+    log_root_ = run_dir() + "/logs";
+    note("no --log-dir given; worker logs go to " + log_root_);
+  }
+}
+
+ElasticAgent::~ElasticAgent() {
+  if (!run_dir_.empty()) {
+    std::error_code ec;
+    if (log_root_.rfind(run_dir_, 0) == 0) {
+      std::filesystem::remove(secret_file_, ec);  // keep the logs, drop the secret
+    } else {
+      std::filesystem::remove_all(run_dir_, ec);
+    }
+  }
+}
+
+const std::string& ElasticAgent::run_dir() {
+  if (run_dir_.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string parent = tmp && *tmp ? tmp : "/tmp";
+    detail::remove_stale_run_dirs(parent);
+    std::string pattern = parent + "/" + detail::run_dir_prefix(getpid()) + "XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) == nullptr) {
+      TDIST_THROW(Error, "tdistrun: cannot create a private directory " + pattern + ": " +
+                             std::strerror(errno));
+    }
+    run_dir_ = buf.data();
+  }
+  return run_dir_;
+}
+
+void ElasticAgent::write_secret_file(const std::string& secret) {
+  if (!secret_file_.empty()) return;
+  std::string path = run_dir() + "/store_secret";
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 || !write_all(fd, secret.data(), secret.size())) {
+    TDIST_THROW(Error, "tdistrun: cannot write the store secret file " + path + ": " +
+                           std::strerror(errno));
+  }
+  ::close(fd);
+  secret_file_ = path;
+}
+
+std::vector<std::string> ElasticAgent::worker_env(const RendezvousInfo& info,
+                                                  int local_rank) const {
+  auto env = base_env_;
+  int rank = info.rank_offset + local_rank;
+  auto set = [&](const char* key, const std::string& value) { env[key] = value; };
+  set("RANK", std::to_string(rank));
+  set("LOCAL_RANK", std::to_string(local_rank));
+  set("WORLD_SIZE", std::to_string(info.world_size));
+  set("LOCAL_WORLD_SIZE", std::to_string(info.local_world_size));
+  set("GROUP_RANK", std::to_string(info.group_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(info.group_world_size));
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_WORLD_SIZE", std::to_string(info.world_size));
+  set("ROLE_NAME", config_.role);
+  set("MASTER_ADDR", info.master_addr);
+  set("MASTER_PORT", std::to_string(info.master_port));
+  set("TORCHELASTIC_RUN_ID", config_.rdzv_id);
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(info.round));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config_.max_restarts));
+  // Workers create their own store (rank 0 hosts it at MASTER_PORT), not the agent's.
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  if (!secret_file_.empty()) set("TDIST_STORE_SECRET_FILE", secret_file_);
+  // As torchrun: several workers per node each get one OpenMP thread unless told otherwise.
+  if (info.local_world_size > 1 && !env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<WorkerSpec> ElasticAgent::worker_specs(const RendezvousInfo& info) const {
+  std::vector<WorkerSpec> specs;
+  for (int local = 0; local < info.local_world_size; ++local) {
+    WorkerSpec spec;
+    spec.local_rank = local;
+    spec.rank = info.rank_offset + local;
+    spec.env = worker_env(info, local);
+    auto& out = spec.output;
+    out.prefix = "[rank " + std::to_string(spec.rank) + "]: ";
+    bool shown = config_.local_ranks_filter.empty() || config_.local_ranks_filter.count(local);
+    auto console = [&](int stream) {
+      return shown &&
+             (!config_.redirects.selects(local, stream) || config_.tee.selects(local, stream));
+    };
+    out.console_stdout = console(StreamSelection::kStdout);
+    out.console_stderr = console(StreamSelection::kStderr);
+    if (!log_root_.empty()) {
+      auto dir = std::filesystem::path(log_root_) / ("attempt_" + std::to_string(info.round)) /
+                 ("rank_" + std::to_string(spec.rank));
+      out.stdout_path = (dir / "stdout.log").string();
+      out.stderr_path = (dir / "stderr.log").string();
+    }
+    out.tail_lines = static_cast<size_t>(std::max(0, config_.summary_lines));
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+std::string ElasticAgent::describe_failure(const RendezvousInfo& info,
+                                           const WorkerStatus& failed) const {
+  std::string text = "first failure: rank " + std::to_string(failed.rank) + " (local rank " +
+                     std::to_string(failed.local_rank) + " on node " +
+                     std::to_string(info.group_rank) + ", host " + detail::host_name() + ", pid " +
+                     std::to_string(failed.pid) + ", attempt " + std::to_string(info.round) + ") " +
+                     failed.describe();
+  if (failed.tail.empty()) return text + "; it printed nothing";
+  text += "; its last output lines:";
+  for (const auto& line : failed.tail)
+    text += "\n  [rank " + std::to_string(failed.rank) + "]: " + line;
+  return text;
+}
+
+ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
+                                              const std::string& program) {
+  auto& signals = detail::SignalPipe::instance();
+  auto force = [&] { return signals.drain() != 0; };
+  WorkerGroup group(program, config_.args);
+  group.start(worker_specs(info));
+  bool reported_success = false;
+  auto last_check = Clock::now();
+  while (true) {
+    group.pump(config_.monitor_interval, signals.fd());
+    if (int s = signals.drain()) {
+      signal_ = s;
+      note("got " + detail::signal_name(s) + ", forwarding it to the workers");
+      try {
+        rendezvous_.abort("node " + std::to_string(info.group_rank) + " (" + detail::host_name() +
+                          ") got " + detail::signal_name(s));
+      } catch (const std::exception&) {
+      }
+      group.stop(s, config_.stop_timeout, force);
+      return Outcome::kInterrupted;
+    }
+    if (group.first_failure() != nullptr) {
+      // Collect the last words of the failed worker before it is summarised.
+      auto until = Clock::now() + milliseconds(100);
+      while (Clock::now() < until) group.pump(milliseconds(10));
+      std::string summary = describe_failure(info, *group.first_failure());
+      try {
+        rendezvous_.report_failure(info.round, summary);
+      } catch (const std::exception& e) {
+        note(std::string("could not tell the other nodes about the failure: ") + e.what());
+      }
+      group.stop(SIGTERM, config_.stop_timeout, force);
+      return Outcome::kFailed;
+    }
+    if (!reported_success && group.all_exited() && group.all_succeeded()) {
+      group.finish();
+      rendezvous_.report_success(info.round);
+      reported_success = true;
+    }
+    auto now = Clock::now();
+    if (now - last_check >= config_.monitor_interval || reported_success) {
+      last_check = now;
+      if (rendezvous_.failure_reported(info.round)) {
+        group.stop(SIGTERM, config_.stop_timeout, force);
+        return Outcome::kFailed;
+      }
+      if (reported_success && rendezvous_.all_succeeded(info.round)) return Outcome::kSucceeded;
+    }
+  }
+}
+
+void ElasticAgent::leave(bool quick) {
+  try {
+    rendezvous_.shutdown(quick);
+  } catch (const std::exception& e) {
+    note(std::string("could not say goodbye to the rendezvous store: ") + e.what());
+  }
+}
+
+int ElasticAgent::run() {
+  auto& signals = detail::SignalPipe::instance();
+  rendezvous_.set_interrupt_check([&] {
+    if (int s = signals.drain()) signal_ = s;
+    return signal_ != 0;
+  });
+  std::string program = detail::resolve_program(config_.program);
+  for (int round = 0;; ++round) {
+    RendezvousInfo info;
+    try {
+      info = rendezvous_.join(round);
+    } catch (const Interrupted& e) {
+      note(e.what());
+      if (signal_ != 0) {
+        try {
+          rendezvous_.abort(std::string("a launcher got ") + detail::signal_name(signal_));
+        } catch (const std::exception&) {
+        }
+      }
+      leave(true);
+      return signal_ != 0 ? 128 + signal_ : 1;
+    }
+    if (!info.store_secret.empty()) write_secret_file(info.store_secret);
+    Outcome outcome = run_round(info, program);
+    if (outcome == Outcome::kSucceeded) {
+      leave(false);
+      return 0;
+    }
+    if (outcome == Outcome::kInterrupted) {
+      leave(true);
+      return 128 + signal_;
+    }
+    std::string aborted = rendezvous_.aborted();
+    if (!aborted.empty()) {
+      note("stopped because " + aborted);
+      leave(true);
+      return 1;
+    }
+    if (round < config_.max_restarts) {
+      std::string failure = rendezvous_.failure(round);
+      note("restarting the workers (restart " + std::to_string(round + 1) + " of " +
+           std::to_string(config_.max_restarts) + ") after " +
+           failure.substr(0, failure.find('\n')));
+      continue;
+    }
+    note("job failed after " + std::to_string(round + 1) + " attempt(s) (--max-restarts " +
+         std::to_string(config_.max_restarts) + ")\ntdistrun: " + rendezvous_.failure(round));
+    leave(false);
+    return 1;
+  }
+}
+
+}  // namespace tdist::launch

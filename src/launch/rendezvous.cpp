@@ -1,0 +1,241 @@
+#include "tdist/launch/rendezvous.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include "process_util.h"
+
+namespace tdist::launch {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+constexpr milliseconds kPollStep{20};
+
+std::vector<uint8_t> bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string text(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
+}  // namespace
+
+bool should_make_store_secret(const LaunchConfig& config) {
+  return config.store_secret && std::getenv("TDIST_STORE_SECRET") == nullptr &&
+         std::getenv("TDIST_STORE_SECRET_FILE") == nullptr;
+}
+
+// ---- LocalRendezvous ---------------------------------------------------------------
+
+LocalRendezvous::LocalRendezvous(const LaunchConfig& config) : config_(config) {
+  if (should_make_store_secret(config_)) secret_ = detail::random_hex(32);
+}
+
+RendezvousInfo LocalRendezvous::join(int round) {
+  RendezvousInfo info;
+  info.round = round;
+  info.local_world_size = config_.nproc_per_node;
+  info.world_size = config_.nproc_per_node;
+  info.master_addr = config_.master_addr;
+  // --standalone (and c10d, as torchrun) picks a fresh free port per attempt.
+  bool pick = config_.standalone || config_.rdzv_backend == "c10d";
+  info.master_port = pick && !config_.master_port_given ? detail::free_port(config_.master_addr)
+                                                        : config_.master_port;
+  info.store_secret = secret_;
+  return info;
+}
+
+void LocalRendezvous::report_failure(int round, const std::string& summary) {
+  if (failed_round_ == round) return;
+  failed_round_ = round;
+  failure_ = summary;
+}
+
+bool LocalRendezvous::failure_reported(int round) {
+  return failed_round_ == round;
+}
+
+std::string LocalRendezvous::failure(int round) {
+  return failed_round_ == round ? failure_ : "";
+}
+
+// ---- StoreRendezvous ---------------------------------------------------------------
+
+StoreRendezvous::StoreRendezvous(StorePtr store, const LaunchConfig& config, bool is_host)
+    : store_(std::move(store)),
+      config_(config),
+      is_host_(is_host),
+      prefix_("tdistrun/" + config.rdzv_id + "/") {}
+
+std::string StoreRendezvous::round_key(int round, const std::string& name) const {
+  return prefix_ + "r" + std::to_string(round) + "/" + name;
+}
+
+void StoreRendezvous::wait_for(const std::vector<std::string>& keys, const std::string& what) {
+  // Polled in small steps so that Ctrl-C is honoured while waiting for other nodes.
+  auto deadline = Clock::now() + config_.join_timeout;
+  while (!store_->check(keys)) {
+    if (interrupted()) TDIST_THROW(Interrupted, "tdistrun: interrupted while waiting for " + what);
+    if (!aborted().empty()) {
+      TDIST_THROW(Interrupted, "tdistrun: another node aborted the job: " + aborted());
+    }
+    if (Clock::now() >= deadline) {
+      TDIST_THROW(TimeoutError, "tdistrun: timed out after " +
+                                    std::to_string(config_.join_timeout.count() / 1000.0) +
+                                    " s waiting for " + what + " at the rendezvous " +
+                                    config_.rdzv_host + ":" + std::to_string(config_.rdzv_port) +
+                                    " (start tdistrun on every node with the same --rdzv-id and "
+                                    "--nnodes, or raise --rdzv-conf join_timeout=SECONDS)");
+    }
+    std::this_thread::sleep_for(kPollStep);
+  }
+}
+
+int StoreRendezvous::take_group_rank(int round) {
+  if (config_.rendezvous_mode() == RendezvousMode::kStatic) {
+    int g = config_.node_rank;
+    std::string token =
+        detail::host_name() + ":" + std::to_string(getpid()) + ":" + detail::random_hex(8);
+    std::string owner =
+        text(store_->compare_set(round_key(round, "claim/" + std::to_string(g)), {}, bytes(token)));
+    if (owner != token) {
+      TDIST_THROW(InvalidArgument, "tdistrun: node rank " + std::to_string(g) +
+                                       " joined twice (already taken "
+                                       "by launcher " +
+                                       owner + "); give every node a distinct --node-rank in [0, " +
+                                       std::to_string(config_.max_nodes) + ")");
+    }
+    return g;
+  }
+  if (is_host_) return 0;
+  int g = static_cast<int>(store_->add(round_key(round, "next"), 1));
+  if (g >= config_.max_nodes) {
+    TDIST_THROW(InvalidArgument,
+                "tdistrun: the rendezvous is full: " + std::to_string(config_.max_nodes) +
+                    " nodes (--nnodes " + std::to_string(config_.min_nodes) + ":" +
+                    std::to_string(config_.max_nodes) + ") already joined round " +
+                    std::to_string(round));
+  }
+  return g;
+}
+
+int StoreRendezvous::close_round(int round) {
+  int nodes = config_.max_nodes;
+  if (config_.rendezvous_mode() == RendezvousMode::kDynamic && config_.is_elastic()) {
+    auto deadline = Clock::now() + config_.join_timeout;
+    std::optional<Clock::time_point> min_reached;
+    while (true) {
+      int joined = 1 + static_cast<int>(store_->add(round_key(round, "next"), 0));
+      if (joined >= config_.min_nodes && !min_reached) min_reached = Clock::now();
+      if (joined >= config_.max_nodes ||
+          (min_reached && Clock::now() - *min_reached >= config_.last_call_timeout)) {
+        nodes = std::min(joined, config_.max_nodes);
+        break;
+      }
+      if (interrupted()) TDIST_THROW(Interrupted, "tdistrun: interrupted in the rendezvous");
+      if (Clock::now() >= deadline) {
+        TDIST_THROW(TimeoutError, "tdistrun: only " + std::to_string(joined) + " of at least " +
+                                      std::to_string(config_.min_nodes) + " nodes joined round " +
+                                      std::to_string(round) + " within the join timeout");
+      }
+      std::this_thread::sleep_for(kPollStep);
+    }
+  }
+  std::vector<std::string> node_keys;
+  for (int g = 0; g < nodes; ++g)
+    node_keys.push_back(round_key(round, "node/" + std::to_string(g)));
+  wait_for(node_keys, std::to_string(nodes) + " nodes to join round " + std::to_string(round));
+
+  std::string addr = config_.local_addr.empty() ? config_.rdzv_host : config_.local_addr;
+  store_->set(round_key(round, "master"), addr + " " + std::to_string(detail::free_port(addr)));
+  if (round == 0 && should_make_store_secret(config_)) {
+    store_->set(key("secret"), detail::random_hex(32));
+  }
+  store_->set(round_key(round, "closed"), std::to_string(nodes));
+  return nodes;
+}
+
+RendezvousInfo StoreRendezvous::join(int round) {
+  RendezvousInfo info;
+  info.round = round;
+  info.group_rank = take_group_rank(round);
+  store_->set(round_key(round, "node/" + std::to_string(info.group_rank)),
+              std::to_string(config_.nproc_per_node) + " " + detail::host_name());
+  if (info.group_rank == 0) {
+    close_round(round);
+  } else {
+    wait_for({round_key(round, "closed")}, "node 0 to close round " + std::to_string(round));
+  }
+  int nodes = std::stoi(store_->get_string(round_key(round, "closed")));
+  if (info.group_rank >= nodes) {
+    TDIST_THROW(InvalidArgument, "tdistrun: round " + std::to_string(round) + " closed with " +
+                                     std::to_string(nodes) + " nodes before this node (rank " +
+                                     std::to_string(info.group_rank) +
+                                     ") joined; start it again to join the next round");
+  }
+  nodes_in_round_ = nodes;
+  info.group_world_size = nodes;
+  for (int g = 0; g < nodes; ++g) {
+    std::istringstream node(store_->get_string(round_key(round, "node/" + std::to_string(g))));
+    int nproc = 0;
+    node >> nproc;
+    if (g < info.group_rank) info.rank_offset += nproc;
+    info.world_size += nproc;
+  }
+  info.world_size -= 1;  // RendezvousInfo starts at 1
+  info.local_world_size = config_.nproc_per_node;
+  std::istringstream master(store_->get_string(round_key(round, "master")));
+  master >> info.master_addr >> info.master_port;
+  if (should_make_store_secret(config_) && store_->check({key("secret")})) {
+    info.store_secret = store_->get_string(key("secret"));
+  }
+  return info;
+}
+
+void StoreRendezvous::report_failure(int round, const std::string& summary) {
+  store_->compare_set(round_key(round, "failure"), {}, bytes(summary));
+}
+
+bool StoreRendezvous::failure_reported(int round) {
+  return store_->check({round_key(round, "failure")}) || store_->check({key("abort")});
+}
+
+std::string StoreRendezvous::failure(int round) {
+  if (!store_->check({round_key(round, "failure")})) return "";
+  return store_->get_string(round_key(round, "failure"));
+}
+
+void StoreRendezvous::report_success(int round) {
+  store_->add(round_key(round, "done"), 1);
+}
+
+bool StoreRendezvous::all_succeeded(int round) {
+  return store_->add(round_key(round, "done"), 0) >= nodes_in_round_;
+}
+
+void StoreRendezvous::abort(const std::string& reason) {
+  store_->compare_set(key("abort"), {}, bytes(reason));
+}
+
+std::string StoreRendezvous::aborted() {
+  if (!store_->check({key("abort")})) return "";
+  return store_->get_string(key("abort"));
+}
+
+void StoreRendezvous::shutdown(bool quick) {
+  int64_t finished = store_->add(key("exit"), 1);
+  if (!is_host_) return;
+  // Keep the store up until every node has read the outcome.
+  auto deadline = Clock::now() + (quick ? std::min(config_.exit_barrier_timeout, milliseconds(2000))
+                                        : config_.exit_barrier_timeout);
+  while (finished < std::max(nodes_in_round_, 1) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(kPollStep);
+    finished = store_->add(key("exit"), 0);
+  }
+}
+
+}  // namespace tdist::launch

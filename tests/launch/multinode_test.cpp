@@ -1,0 +1,228 @@
+// Several tdistrun launchers forming one job: as two "nodes" on this machine, and as two
+// hosts in separate network namespaces joined by a veth pair (when permitted).
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "launch/run_process.h"
+
+namespace tdist::launch::testing {
+namespace {
+
+using std::chrono::seconds;
+
+std::vector<std::string> node(const std::vector<std::string>& flags,
+                              const std::vector<std::string>& worker_args,
+                              const std::vector<std::string>& wrapper = {}) {
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(tdistrun());
+  for (const char* a : {"--monitor-interval", "0.05", "--stop-timeout", "3", "--rdzv-conf",
+                        "join_timeout=30,close_timeout=10"}) {
+    argv.push_back(a);
+  }
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back(worker());
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+std::string describe(const ProcResult& r) {
+  return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " TIMED OUT" : "") +
+         "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+struct WorldView {
+  std::set<int> ranks;
+  std::set<std::string> world_sizes, master_addrs, master_ports, secrets, groups;
+};
+
+// Every rank printed by any launcher, with the values that must agree across nodes.
+void collect(const std::string& out, int max_rank, WorldView* view) {
+  for (int rank = 0; rank <= max_rank; ++rank) {
+    std::string r = env_of(out, rank, "RANK");
+    if (r.empty()) continue;
+    EXPECT_EQ(r, std::to_string(rank));
+    EXPECT_TRUE(view->ranks.insert(rank).second) << "rank " << rank << " started twice";
+    view->world_sizes.insert(env_of(out, rank, "WORLD_SIZE"));
+    view->master_addrs.insert(env_of(out, rank, "MASTER_ADDR"));
+    view->master_ports.insert(env_of(out, rank, "MASTER_PORT"));
+    view->groups.insert(env_of(out, rank, "GROUP_RANK"));
+    auto secret = lines_with(out, "[rank " + std::to_string(rank) + "]: SECRET=");
+    if (!secret.empty()) view->secrets.insert(secret[0].substr(secret[0].find('=') + 1));
+  }
+}
+
+TEST(TdistrunMultiNode, TwoLaunchersByJoinOrderFormOneWorld) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_tcp_port());
+  Proc a(node(
+      {"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair"},
+      {"--print-env"}));
+  Proc b(node(
+      {"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--rdzv-id", "pair"},
+      {"--print-env"}));
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  ASSERT_EQ(ra.exit_code, 0) << describe(ra);
+  ASSERT_EQ(rb.exit_code, 0) << describe(rb);
+  WorldView view;
+  collect(ra.out, 2, &view);
+  collect(rb.out, 2, &view);
+  EXPECT_EQ(view.ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(view.world_sizes, (std::set<std::string>{"3"}));
+  EXPECT_EQ(view.master_addrs, (std::set<std::string>{"127.0.0.1"}));
+  EXPECT_EQ(view.master_ports.size(), 1u);
+  EXPECT_EQ(view.groups, (std::set<std::string>{"0", "1"}));
+  EXPECT_EQ(view.secrets.size(), 1u) << "every node's workers must share one store secret";
+}
+
+std::vector<std::string> static_node(int node_rank, int port,
+                                     const std::string& addr = "127.0.0.1") {
+  return {"--nnodes",         "2",
+          "--nproc-per-node", "2",
+          "--node-rank",      std::to_string(node_rank),
+          "--master-addr",    addr,
+          "--master-port",    std::to_string(port)};
+}
+
+TEST(TdistrunMultiNode, StaticNodeRanksAndAFailureRestartsEveryNode) {
+  int port = free_tcp_port();
+  std::vector<std::string> worker_args = {"--print-env", "--fail-rank", "3",
+                                          "--exit",      "7",           "--fail-until-restart",
+                                          "1",           "--sleep",     "0.5"};
+  auto flags1 = static_node(1, port), flags0 = static_node(0, port);
+  for (auto* f : {&flags0, &flags1}) {
+    f->push_back("--max-restarts");
+    f->push_back("1");
+  }
+  Proc b(node(flags1, worker_args));  // the client may start first: it waits for node 0
+  Proc a(node(flags0, worker_args));
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  ASSERT_EQ(ra.exit_code, 0) << describe(ra);
+  ASSERT_EQ(rb.exit_code, 0) << describe(rb);
+  // Node 0 holds ranks 0,1 and node 1 ranks 2,3, in both attempts.
+  for (int rank : {0, 1}) {
+    auto counts =
+        lines_with(ra.out, "[rank " + std::to_string(rank) + "]: ENV TORCHELASTIC_RESTART_COUNT=");
+    ASSERT_EQ(counts.size(), 2u) << "node 0 must restart too:\n" << ra.out;
+    EXPECT_EQ(counts[1].back(), '1');
+  }
+  EXPECT_EQ(lines_with(rb.out, "[rank 3]: ENV RANK=3").size(), 2u) << rb.out;
+  EXPECT_NE(ra.err.find("restarting the workers"), std::string::npos) << ra.err;
+  EXPECT_NE(ra.err.find("rank 3"), std::string::npos) << "node 0 names the remote failure";
+}
+
+TEST(TdistrunMultiNode, FinalFailureIsReportedOnEveryNode) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_tcp_port());
+  std::vector<std::string> flags = {"--nnodes", "2", "--rdzv-endpoint", endpoint};
+  std::vector<std::string> worker_args = {"--fail-rank",    "1",         "--exit",  "9", "--stderr",
+                                          "remote trouble", "--on-term", "--sleep", "60"};
+  Proc a(node(flags, worker_args));
+  Proc b(node(flags, worker_args));
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  for (const auto* r : {&ra, &rb}) {
+    EXPECT_EQ(r->exit_code, 1) << describe(*r);
+    EXPECT_NE(r->err.find("first failure: rank 1"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("exited with code 9"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("remote trouble"), std::string::npos) << r->err;
+  }
+}
+
+TEST(TdistrunMultiNode, SignalToOneLauncherStopsEveryNodeWithoutRestart) {
+  int port = free_tcp_port();
+  std::string dir = temp_dir();
+  std::vector<std::string> worker_args = {"--pid-dir", dir, "--on-term", "--sleep", "60"};
+  auto flags0 = static_node(0, port), flags1 = static_node(1, port);
+  for (auto* f : {&flags0, &flags1}) {
+    f->push_back("--max-restarts");
+    f->push_back("3");
+  }
+  Proc a(node(flags0, worker_args));
+  Proc b(node(flags1, worker_args));
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (std::chrono::steady_clock::now() < deadline &&
+         std::distance(std::filesystem::directory_iterator(dir),
+                       std::filesystem::directory_iterator()) < 4) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  b.kill(SIGTERM);
+  auto rb = b.wait(seconds(30)), ra = a.wait(seconds(30));
+  EXPECT_EQ(rb.exit_code, 128 + SIGTERM) << describe(rb);
+  EXPECT_EQ(ra.exit_code, 1) << describe(ra);
+  EXPECT_NE(ra.err.find("node 1"), std::string::npos) << ra.err;
+  EXPECT_NE(ra.err.find("got SIGTERM"), std::string::npos) << ra.err;
+  EXPECT_EQ(ra.err.find("restarting"), std::string::npos) << "an interrupt is not a failure";
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: rank 0 got SIGTERM").size(), 1u) << ra.out;
+  EXPECT_EQ(lines_with(rb.out, "[rank 2]: rank 2 got SIGTERM").size(), 1u) << rb.out;
+}
+
+TEST(TdistrunMultiNode, MissingNodeTimesOutClearly) {
+  int port = free_tcp_port();
+  auto argv = node(static_node(0, port), {"--print-env"});
+  argv[6] = "join_timeout=1";  // --rdzv-conf
+  auto r = run(argv, {}, seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("2 nodes to join round 0"), std::string::npos) << r.err;
+}
+
+// Two hosts: network namespaces joined by a veth pair.
+class NetnsPair : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    id_ = std::to_string(getpid() % 100000);
+    ns_[0] = "tdl" + id_ + "a";
+    ns_[1] = "tdl" + id_ + "b";
+    int octet = 1 + getpid() % 250;
+    addr_[0] = "10.213." + std::to_string(octet) + ".1";
+    addr_[1] = "10.213." + std::to_string(octet) + ".2";
+    std::string va = "tdv" + id_ + "a", vb = "tdv" + id_ + "b";
+    std::string script = "set -e; ip netns add " + ns_[0] + "; ip netns add " + ns_[1] +
+                         "; ip link add " + va + " type veth peer name " + vb + "; ip link set " +
+                         va + " netns " + ns_[0] + "; ip link set " + vb + " netns " + ns_[1];
+    for (int i = 0; i < 2; ++i) {
+      std::string dev = i == 0 ? va : vb;
+      script += "; ip -n " + ns_[i] + " addr add " + addr_[i] + "/24 dev " + dev + "; ip -n " +
+                ns_[i] + " link set " + dev + " up; ip -n " + ns_[i] + " link set lo up";
+    }
+    auto r = run({"/bin/sh", "-c", script + " 2>&1"}, {}, seconds(20));
+    created_ = r.exit_code == 0;
+    if (!created_) {
+      TearDown();
+      GTEST_SKIP() << "cannot create network namespaces here (needs root and ip netns): " << r.out;
+    }
+  }
+  void TearDown() override {
+    run({"/bin/sh", "-c",
+         "ip netns del " + ns_[0] + " 2>/dev/null; ip netns del " + ns_[1] + " 2>/dev/null; true"},
+        {}, seconds(20));
+  }
+  std::vector<std::string> in_ns(int i) { return {"/usr/sbin/ip", "netns", "exec", ns_[i]}; }
+
+  std::string id_, ns_[2], addr_[2];
+  bool created_ = false;
+};
+
+TEST_F(NetnsPair, TwoHostsFormOneWorld) {
+  const int port = 29555;  // each namespace has its own ports
+  Proc b(node(static_node(1, port, addr_[0]), {"--print-env"}, in_ns(1)));
+  Proc a(node(static_node(0, port, addr_[0]), {"--print-env"}, in_ns(0)));
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  ASSERT_EQ(ra.exit_code, 0) << describe(ra);
+  ASSERT_EQ(rb.exit_code, 0) << describe(rb);
+  WorldView view;
+  collect(ra.out, 3, &view);
+  collect(rb.out, 3, &view);
+  EXPECT_EQ(view.ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(view.world_sizes, (std::set<std::string>{"4"}));
+  EXPECT_EQ(view.master_addrs, (std::set<std::string>{addr_[0]}));
+  EXPECT_EQ(view.master_ports.size(), 1u);
+  EXPECT_EQ(view.secrets.size(), 1u);
+  EXPECT_EQ(lines_with(rb.out, "[rank 2]: ENV GROUP_RANK=1").size(), 1u) << rb.out;
+}
+
+}  // namespace
+}  // namespace tdist::launch::testing
