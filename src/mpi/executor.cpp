@@ -1,0 +1,171 @@
+#include "executor.h"
+
+#include <cstdlib>
+
+#include "tdist/error.h"
+
+namespace tdist::mpi::detail {
+
+void check_mpi(int rc, const std::string& what) {
+  if (rc == MPI_SUCCESS) return;
+  char message[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, message, &length);
+  TDIST_THROW(DistBackendError, "mpi: " + what + " failed: " + std::string(message, length));
+}
+
+Executor& Executor::instance() {
+  // Leaked on purpose: it must outlive every static that might still queue work; its
+  // thread is stopped and MPI finalised by an atexit handler instead (see shutdown()).
+  static Executor* executor = new Executor();
+  return *executor;
+}
+
+Executor::Executor() {
+  std::mutex init_mutex;
+  std::condition_variable init_cv;
+  bool ready = false;
+  std::exception_ptr init_error;
+  thread_ = std::thread([&] {
+    try {
+      int initialized = 0;
+      MPI_Initialized(&initialized);
+      if (!initialized) {
+        int provided = 0;
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
+                  "MPI_Init_thread");
+      }
+      // Errors come back as return codes, so they become exceptions, not aborts.
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+    } catch (...) {
+      init_error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(init_mutex);
+      ready = true;
+    }
+    init_cv.notify_all();
+    if (!init_error) loop();
+  });
+  std::unique_lock<std::mutex> lock(init_mutex);
+  init_cv.wait(lock, [&] { return ready; });
+  if (init_error) {
+    thread_.join();
+    std::rethrow_exception(init_error);
+  }
+  std::atexit([] { Executor::instance().shutdown(); });
+}
+
+WorkPtr Executor::submit(std::string description, std::vector<at::Tensor> outputs,
+                         std::function<StartedOp()> start, Clock::time_point deadline,
+                         std::function<void(const std::string&)> on_failure) {
+  auto work = std::make_shared<Work>(description, std::move(outputs));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) TDIST_THROW(DistBackendError, "mpi: " + description + " after MPI_Finalize");
+    queue_.push_back(Task{std::move(description), work, std::move(start), deadline,
+                          std::move(on_failure)});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void Executor::run_sync(const std::function<void()>& fn) {
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    fn();
+    return;
+  }
+  auto work = submit(
+      "setup", {},
+      [&fn] {
+        fn();
+        return StartedOp{};
+      },
+      Clock::time_point::max(), nullptr);
+  work->wait();
+}
+
+void Executor::start_task(Task task) {
+  try {
+    StartedOp op = task.start();
+    pending_.push_back(Pending{std::move(task), std::move(op)});
+  } catch (const std::exception& e) {
+    if (task.on_failure) task.on_failure(e.what());
+    task.work->finish_with_error(std::current_exception());
+  }
+}
+
+void Executor::poll_pending() {
+  const auto now = Clock::now();
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    auto& p = *it;
+    bool done = true;
+    try {
+      if (!p.op.requests.empty()) {
+        int flag = 0;
+        check_mpi(MPI_Testall(static_cast<int>(p.op.requests.size()), p.op.requests.data(),
+                              &flag, MPI_STATUSES_IGNORE),
+                  p.task.description);
+        done = flag != 0;
+      }
+      if (done) {
+        if (p.op.on_complete) p.op.on_complete();
+        p.task.work->finish();
+      } else if (now > p.task.deadline) {
+        const std::string reason =
+            p.task.description + " did not complete before its timeout (a peer is slow, "
+                                 "stopped or issued a different collective)";
+        if (p.task.on_failure) p.task.on_failure(reason);
+        p.task.work->finish_with_error(
+            std::make_exception_ptr(TimeoutError("mpi: " + reason)));
+        abandoned_.splice(abandoned_.end(), pending_, it++);
+        continue;
+      }
+    } catch (const std::exception& e) {
+      if (p.task.on_failure) p.task.on_failure(e.what());
+      p.task.work->finish_with_error(std::current_exception());
+      done = true;
+    }
+    it = done ? pending_.erase(it) : std::next(it);
+  }
+}
+
+void Executor::loop() {
+  while (true) {
+    std::deque<Task> tasks;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (pending_.empty()) {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      }
+      // At exit, in-flight ops get a short grace period, not their full timeout.
+      if (stop_ && queue_.empty() && (pending_.empty() || Clock::now() > stop_deadline_)) break;
+      tasks.swap(queue_);
+    }
+    for (auto& task : tasks) start_task(std::move(task));
+    poll_pending();
+    if (!pending_.empty()) {
+      // Sleep a little between polls, but wake at once for newly queued work.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::microseconds(20), [&] { return !queue_.empty(); });
+    }
+  }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void Executor::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+    stop_deadline_ = Clock::now() + std::chrono::seconds(5);
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace tdist::mpi::detail

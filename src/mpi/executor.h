@@ -1,0 +1,82 @@
+#pragma once
+
+// The one thread per process that calls MPI (see Note [MPI progress] in mpi_backend.h).
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tdist/comm/work.h"
+
+namespace tdist::mpi::detail {
+
+/// What starting an op produced: the requests to wait for, and what to do once they are
+/// all complete (copy results back, divide for AVG, ...). Both run on the executor thread.
+struct StartedOp {
+  std::vector<MPI_Request> requests;
+  std::function<void()> on_complete;
+};
+
+class Executor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// The process-wide executor; initialises MPI on first use.
+  static Executor& instance();
+
+  /// Queues `start` (run in issue order on the executor thread) and returns its Work.
+  /// `on_failure` runs (on the executor thread) if the op errors or passes `deadline`.
+  WorkPtr submit(std::string description, std::vector<at::Tensor> outputs,
+                 std::function<StartedOp()> start, Clock::time_point deadline,
+                 std::function<void(const std::string&)> on_failure);
+
+  /// Runs fn on the executor thread and waits for it; rethrows its exception.
+  void run_sync(const std::function<void()>& fn);
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  struct Task {
+    std::string description;
+    WorkPtr work;
+    std::function<StartedOp()> start;
+    Clock::time_point deadline;
+    std::function<void(const std::string&)> on_failure;
+  };
+  struct Pending {
+    Task task;
+    StartedOp op;
+  };
+
+  Executor();
+  void loop();
+  void start_task(Task task);
+  void poll_pending();
+  void shutdown();  // atexit: drain, MPI_Finalize, join
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::list<Pending> pending_;
+  // Ops that passed their deadline: kept so their buffers outlive MPI's use of them.
+  std::list<Pending> abandoned_;
+  bool stop_ = false;
+  Clock::time_point stop_deadline_;
+  int world_rank_ = -1;
+  int world_size_ = -1;
+  std::thread thread_;
+};
+
+/// Throws DistBackendError with MPI's own message when rc is not MPI_SUCCESS.
+void check_mpi(int rc, const std::string& what);
+
+}  // namespace tdist::mpi::detail

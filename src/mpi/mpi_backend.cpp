@@ -1,0 +1,536 @@
+#include "tdist/mpi/mpi_backend.h"
+
+#include <climits>
+#include <numeric>
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include "executor.h"
+#include "mpi_types.h"
+#include "tdist/error.h"
+
+namespace tdist::mpi {
+
+namespace detail {
+struct Communicator {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+}  // namespace detail
+
+using detail::check_mpi;
+using detail::Executor;
+using detail::stage;
+using detail::Staged;
+using detail::StartedOp;
+
+namespace {
+
+int checked_count(int64_t numel, const char* op) {
+  TDIST_CHECK_ARG(numel <= INT_MAX, std::string("mpi: ") + op + " of " + std::to_string(numel) +
+                                        " elements exceeds MPI's int count; split the tensor");
+  return static_cast<int>(numel);
+}
+
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  TDIST_CHECK_ARG(a.scalar_type() == b.scalar_type(),
+                  std::string("mpi: ") + op + ": input and output dtypes differ (" +
+                      c10::toString(a.scalar_type()) + " vs " + c10::toString(b.scalar_type()) +
+                      ")");
+}
+
+void check_root(int root, int size, const char* op) {
+  TDIST_CHECK_ARG(root >= 0 && root < size, std::string("mpi: ") + op + ": root " +
+                                                std::to_string(root) +
+                                                " is out of range for a group of " +
+                                                std::to_string(size));
+}
+
+}  // namespace
+
+MPIBackend::MPIBackend(const StorePtr& store, int rank, int size,
+                       std::chrono::milliseconds timeout)
+    : CollectiveBackend(rank, size),
+      comm_(std::make_unique<detail::Communicator>()),
+      timeout_(timeout) {
+  auto& executor = Executor::instance();
+  std::vector<int> world_ranks(size);
+  if (store) {
+    store->set("mpi/world_rank/" + std::to_string(rank), std::to_string(executor.world_rank()));
+    for (int r = 0; r < size; ++r) {
+      world_ranks[r] = std::stoi(store->get_string("mpi/world_rank/" + std::to_string(r)));
+    }
+    std::set<int> unique(world_ranks.begin(), world_ranks.end());
+    TDIST_CHECK_ARG(static_cast<int>(unique.size()) == size,
+                    "mpi: two group ranks map to the same MPI process; was the job started "
+                    "with mpirun (each rank its own MPI process)?");
+  } else {
+    TDIST_CHECK_ARG(size == executor.world_size() && rank == executor.world_rank(),
+                    "mpi: without a store the group must be the whole MPI world in MPI rank "
+                    "order (rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                        " vs MPI " + std::to_string(executor.world_rank()) + "/" +
+                        std::to_string(executor.world_size()) + ")");
+    std::iota(world_ranks.begin(), world_ranks.end(), 0);
+  }
+  executor.run_sync([&] {
+    MPI_Group world_group, group;
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+    check_mpi(MPI_Group_incl(world_group, size, world_ranks.data(), &group), "MPI_Group_incl");
+    // Groups are created one at a time per process, in the same order on every member (as
+    // new_group requires), so a fixed tag cannot mix two creations up.
+    check_mpi(MPI_Comm_create_group(MPI_COMM_WORLD, group, /*tag=*/4242, &comm_->comm),
+              "MPI_Comm_create_group");
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
+    int comm_rank = -1;
+    MPI_Comm_rank(comm_->comm, &comm_rank);
+    if (comm_rank != rank) {
+      TDIST_THROW(DistBackendError, "mpi: communicator rank " + std::to_string(comm_rank) +
+                                        " differs from group rank " + std::to_string(rank));
+    }
+  });
+}
+
+MPIBackend::~MPIBackend() {
+  if (comm_ && comm_->comm != MPI_COMM_NULL) {
+    MPI_Comm comm = comm_->comm;
+    try {
+      Executor::instance().run_sync([comm]() mutable {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Comm_free(&comm);
+      });
+    } catch (...) {
+      // Destructors never throw; a failed free only leaks a communicator.
+    }
+  }
+}
+
+std::chrono::milliseconds MPIBackend::deadline_for(const CollectiveOptions& opts) const {
+  return opts.timeout.count() >= 0 ? opts.timeout : timeout_;
+}
+
+namespace {
+
+// Submits one op; failures (errors, timeouts) mark the backend broken.
+template <typename Start>
+WorkPtr submit(CollectiveBackend* backend, std::string name, std::vector<at::Tensor> outputs,
+               std::chrono::milliseconds timeout, Start start) {
+  auto deadline = timeout.count() > 0 ? Executor::Clock::now() + timeout
+                                      : Executor::Clock::time_point::max();
+  return Executor::instance().submit(
+      "rank " + std::to_string(backend->rank()) + ": " + name, std::move(outputs),
+      std::move(start), deadline, [backend](const std::string& reason) {
+        backend->mark_broken(reason);
+      });
+}
+
+}  // namespace
+
+WorkPtr MPIBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  check_not_broken("broadcast");
+  check_root(opts.root, size_, "broadcast");
+  Staged staged = stage(tensor, false);
+  int count = checked_count(staged.buffer.numel(), "broadcast");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  int root = opts.root;
+  return submit(this, "broadcast", {tensor}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Ibcast(staged.buffer.data_ptr(), count, type, root, comm, &s.requests[0]),
+              "MPI_Ibcast");
+    s.on_complete = [staged] { staged.copy_back(); };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+  check_not_broken("all_reduce");
+  MPI_Op op = detail::mpi_op(opts.op, tensor.scalar_type());
+  Staged staged = stage(tensor, true);
+  int count = checked_count(staged.buffer.numel(), "all_reduce");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const bool average = opts.op == ReduceOp::AVG;
+  const int n = size_;
+  return submit(this, "all_reduce", {tensor}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, staged.buffer.data_ptr(), count, type, op, comm,
+                             &s.requests[0]),
+              "MPI_Iallreduce");
+    s.on_complete = [staged, average, n] {
+      if (average) staged.buffer.div_(n);
+      staged.copy_back();
+    };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::all_reduce_coalesced(std::vector<at::Tensor>& tensors,
+                                         const AllreduceOptions& opts) {
+  check_not_broken("all_reduce_coalesced");
+  TDIST_CHECK_ARG(!tensors.empty(), "mpi: all_reduce_coalesced needs at least one tensor");
+  for (const auto& t : tensors) check_same_dtype(t, tensors.front(), "all_reduce_coalesced");
+  std::vector<at::Tensor> flat_parts;
+  for (const auto& t : tensors) flat_parts.push_back(t.reshape({-1}));
+  at::Tensor flat = at::cat(flat_parts);
+  AllreduceOptions inner = opts;
+  auto work = all_reduce(flat, inner);
+  // Split back once reduced; the returned Work completes after the copy.
+  auto result = std::make_shared<Work>("all_reduce_coalesced", tensors);
+  std::vector<at::Tensor> outputs = tensors;
+  work->then([result, flat, outputs](Work& w) {
+    if (auto error = w.exception()) {
+      result->finish_with_error(error);
+      return;
+    }
+    int64_t offset = 0;
+    for (const auto& t : outputs) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+    result->finish();
+  });
+  return result;
+}
+
+WorkPtr MPIBackend::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
+  check_not_broken("reduce");
+  check_root(opts.root, size_, "reduce");
+  MPI_Op op = detail::mpi_op(opts.op, tensor.scalar_type());
+  Staged staged = stage(tensor, true);
+  int count = checked_count(staged.buffer.numel(), "reduce");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const bool is_root = rank_ == opts.root;
+  const bool average = opts.op == ReduceOp::AVG;
+  const int n = size_, root = opts.root;
+  return submit(this, "reduce", {tensor}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    void* data = staged.buffer.data_ptr();
+    check_mpi(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr, count, type,
+                          op, root, comm, &s.requests[0]),
+              "MPI_Ireduce");
+    s.on_complete = [staged, average, n, is_root] {
+      if (!is_root) return;
+      if (average) staged.buffer.div_(n);
+      staged.copy_back();
+    };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                                           const AllgatherOptions& opts) {
+  check_not_broken("all_gather_into_tensor");
+  check_same_dtype(input, output, "all_gather_into_tensor");
+  TDIST_CHECK_ARG(output.numel() == input.numel() * size_,
+                  "mpi: all_gather_into_tensor: output has " + std::to_string(output.numel()) +
+                      " elements, expected input's " + std::to_string(input.numel()) +
+                      " x world size " + std::to_string(size_));
+  Staged in = stage(input, false);
+  Staged out = stage(output, false);
+  int count = checked_count(in.buffer.numel(), "all_gather_into_tensor");
+  checked_count(out.buffer.numel(), "all_gather_into_tensor");
+  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Iallgather(in.buffer.data_ptr(), count, type, out.buffer.data_ptr(), count,
+                             type, comm, &s.requests[0]),
+              "MPI_Iallgather");
+    s.on_complete = [out, in] { out.copy_back(); };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                               const AllgatherOptions& opts) {
+  TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
+                  "mpi: all_gather needs " + std::to_string(size_) + " output tensors, got " +
+                      std::to_string(outputs.size()));
+  for (const auto& o : outputs) {
+    check_same_dtype(input, o, "all_gather");
+    TDIST_CHECK_ARG(o.numel() == input.numel(), "mpi: all_gather: every output must have the "
+                                                "input's number of elements");
+  }
+  at::Tensor flat = at::empty({input.numel() * size_}, input.options());
+  auto work = all_gather_into_tensor(flat, input, opts);
+  auto result = std::make_shared<Work>("all_gather", outputs);
+  std::vector<at::Tensor> outs = outputs;
+  const int64_t n = input.numel();
+  work->then([result, flat, outs, n](Work& w) {
+    if (auto error = w.exception()) return result->finish_with_error(error);
+    for (size_t r = 0; r < outs.size(); ++r) {
+      outs[r].copy_(flat.narrow(0, r * n, n).view(outs[r].sizes()));
+    }
+    result->finish();
+  });
+  return result;
+}
+
+WorkPtr MPIBackend::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                           const GatherOptions& opts) {
+  check_not_broken("gather");
+  check_root(opts.root, size_, "gather");
+  const bool is_root = rank_ == opts.root;
+  if (is_root) {
+    TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
+                    "mpi: gather: the root needs " + std::to_string(size_) +
+                        " output tensors, got " + std::to_string(outputs.size()));
+    for (const auto& o : outputs) {
+      check_same_dtype(input, o, "gather");
+      TDIST_CHECK_ARG(o.numel() == input.numel(), "mpi: gather: output size differs from input");
+    }
+  }
+  Staged in = stage(input, false);
+  int count = checked_count(in.buffer.numel(), "gather");
+  at::Tensor flat = is_root ? at::empty({input.numel() * size_}, input.options()) : at::Tensor();
+  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const int root = opts.root;
+  std::vector<at::Tensor> outs = outputs;
+  return submit(this, "gather", outputs, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Igather(in.buffer.data_ptr(), count, type,
+                          is_root ? flat.data_ptr() : nullptr, count, type, root, comm,
+                          &s.requests[0]),
+              "MPI_Igather");
+    s.on_complete = [flat, outs, count, in] {
+      for (size_t r = 0; r < outs.size(); ++r) {
+        outs[r].copy_(flat.narrow(0, r * count, count).view(outs[r].sizes()));
+      }
+    };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                            const ScatterOptions& opts) {
+  check_not_broken("scatter");
+  check_root(opts.root, size_, "scatter");
+  const bool is_root = rank_ == opts.root;
+  at::Tensor flat;
+  if (is_root) {
+    TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_,
+                    "mpi: scatter: the root needs " + std::to_string(size_) +
+                        " input tensors, got " + std::to_string(inputs.size()));
+    std::vector<at::Tensor> parts;
+    for (const auto& t : inputs) {
+      check_same_dtype(t, output, "scatter");
+      TDIST_CHECK_ARG(t.numel() == output.numel(), "mpi: scatter: input size differs from output");
+      parts.push_back(t.reshape({-1}));
+    }
+    flat = at::cat(parts);
+  }
+  Staged out = stage(output, false);
+  int count = checked_count(out.buffer.numel(), "scatter");
+  MPI_Datatype type = detail::mpi_datatype(out.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const int root = opts.root;
+  return submit(this, "scatter", {output}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, count, type,
+                           out.buffer.data_ptr(), count, type, root, comm, &s.requests[0]),
+              "MPI_Iscatter");
+    s.on_complete = [out, flat] { out.copy_back(); };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
+                                          const ReduceScatterOptions& opts) {
+  check_not_broken("reduce_scatter_tensor");
+  check_same_dtype(input, output, "reduce_scatter_tensor");
+  TDIST_CHECK_ARG(input.numel() == output.numel() * size_,
+                  "mpi: reduce_scatter_tensor: input has " + std::to_string(input.numel()) +
+                      " elements, expected output's " + std::to_string(output.numel()) +
+                      " x world size " + std::to_string(size_));
+  MPI_Op op = detail::mpi_op(opts.op, input.scalar_type());
+  Staged in = stage(input, true);
+  Staged out = stage(output, true);
+  int count = checked_count(out.buffer.numel(), "reduce_scatter_tensor");
+  checked_count(in.buffer.numel(), "reduce_scatter_tensor");
+  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const bool average = opts.op == ReduceOp::AVG;
+  const int n = size_;
+  return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Ireduce_scatter_block(in.buffer.data_ptr(), out.buffer.data_ptr(), count,
+                                        type, op, comm, &s.requests[0]),
+              "MPI_Ireduce_scatter_block");
+    s.on_complete = [out, in, average, n] {
+      if (average) out.buffer.div_(n);
+      out.copy_back();
+    };
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                                   const ReduceScatterOptions& opts) {
+  TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_,
+                  "mpi: reduce_scatter needs " + std::to_string(size_) + " input tensors, got " +
+                      std::to_string(inputs.size()));
+  std::vector<at::Tensor> parts;
+  for (const auto& t : inputs) {
+    TDIST_CHECK_ARG(t.numel() == output.numel(),
+                    "mpi: reduce_scatter: every input must have the output's size");
+    parts.push_back(t.reshape({-1}));
+  }
+  at::Tensor flat = at::cat(parts);
+  return reduce_scatter_tensor(output, flat, opts);
+}
+
+WorkPtr MPIBackend::all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                                      const std::vector<int64_t>& output_split_sizes,
+                                      const std::vector<int64_t>& input_split_sizes,
+                                      const AllToAllOptions& opts) {
+  check_not_broken("all_to_all_single");
+  check_same_dtype(input, output, "all_to_all_single");
+  auto counts_of = [&](const at::Tensor& t, const std::vector<int64_t>& splits,
+                       const char* which) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const int64_t row_numel = rows == 0 ? 0 : t.numel() / rows;
+    std::vector<int> counts(size_), displs(size_);
+    if (splits.empty()) {
+      TDIST_CHECK_ARG(rows % size_ == 0, std::string("mpi: all_to_all_single: ") + which +
+                                             " dim 0 (" + std::to_string(rows) +
+                                             ") is not divisible by the world size; give "
+                                             "split sizes");
+      for (int r = 0; r < size_; ++r) counts[r] = checked_count(rows / size_ * row_numel, which);
+    } else {
+      TDIST_CHECK_ARG(static_cast<int>(splits.size()) == size_,
+                      std::string("mpi: all_to_all_single: ") + which + " split sizes need " +
+                          std::to_string(size_) + " entries");
+      int64_t total = 0;
+      for (int r = 0; r < size_; ++r) {
+        TDIST_CHECK_ARG(splits[r] >= 0, "mpi: all_to_all_single: negative split size");
+        counts[r] = checked_count(splits[r] * row_numel, which);
+        total += splits[r];
+      }
+      TDIST_CHECK_ARG(total == rows, std::string("mpi: all_to_all_single: ") + which +
+                                         " split sizes sum to " + std::to_string(total) +
+                                         ", but dim 0 is " + std::to_string(rows));
+    }
+    int offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      displs[r] = offset;
+      offset += counts[r];
+    }
+    return std::make_pair(counts, displs);
+  };
+  auto [send_counts, send_displs] = counts_of(input, input_split_sizes, "input");
+  auto [recv_counts, recv_displs] = counts_of(output, output_split_sizes, "output");
+  Staged in = stage(input, false);
+  Staged out = stage(output, false);
+  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  return submit(this, "all_to_all_single", {output}, deadline_for(opts),
+                [=, send_counts = send_counts, send_displs = send_displs,
+                 recv_counts = recv_counts, recv_displs = recv_displs] {
+                  StartedOp s;
+                  s.requests.resize(1);
+                  check_mpi(MPI_Ialltoallv(in.buffer.data_ptr(), send_counts.data(),
+                                           send_displs.data(), type, out.buffer.data_ptr(),
+                                           recv_counts.data(), recv_displs.data(), type, comm,
+                                           &s.requests[0]),
+                            "MPI_Ialltoallv");
+                  // MPI reads the count arrays until completion: they live in this
+                  // lambda's captures, which the executor keeps until the op completes.
+                  s.on_complete = [out, in] { out.copy_back(); };
+                  return s;
+                });
+}
+
+WorkPtr MPIBackend::all_to_all(std::vector<at::Tensor>& outputs,
+                               const std::vector<at::Tensor>& inputs,
+                               const AllToAllOptions& opts) {
+  TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_ &&
+                      static_cast<int>(outputs.size()) == size_,
+                  "mpi: all_to_all needs " + std::to_string(size_) +
+                      " input and output tensors");
+  std::vector<at::Tensor> in_parts, out_parts;
+  std::vector<int64_t> in_splits, out_splits;
+  for (int r = 0; r < size_; ++r) {
+    in_parts.push_back(inputs[r].reshape({-1}));
+    out_parts.push_back(outputs[r].reshape({-1}));
+    in_splits.push_back(inputs[r].numel());
+    out_splits.push_back(outputs[r].numel());
+  }
+  at::Tensor in_flat = at::cat(in_parts);
+  at::Tensor out_flat = at::empty({std::accumulate(out_splits.begin(), out_splits.end(),
+                                                   int64_t{0})},
+                                  outputs.front().options());
+  auto work = all_to_all_single(out_flat, in_flat, out_splits, in_splits, opts);
+  auto result = std::make_shared<Work>("all_to_all", outputs);
+  std::vector<at::Tensor> outs = outputs;
+  work->then([result, out_flat, outs](Work& w) {
+    if (auto error = w.exception()) return result->finish_with_error(error);
+    int64_t offset = 0;
+    for (const auto& o : outs) {
+      o.copy_(out_flat.narrow(0, offset, o.numel()).view(o.sizes()));
+      offset += o.numel();
+    }
+    result->finish();
+  });
+  return result;
+}
+
+WorkPtr MPIBackend::barrier(const BarrierOptions& opts) {
+  check_not_broken("barrier");
+  MPI_Comm comm = comm_->comm;
+  return submit(this, "barrier", {}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Ibarrier(comm, &s.requests[0]), "MPI_Ibarrier");
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) {
+  check_not_broken("send");
+  check_root(dst, size_, "send (dst)");
+  Staged staged = stage(tensor, false);
+  int count = checked_count(staged.buffer.numel(), "send");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const int tag = opts.tag_id;
+  return submit(this, "send", {}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Isend(staged.buffer.data_ptr(), count, type, dst, tag, comm, &s.requests[0]),
+              "MPI_Isend");
+    s.on_complete = [staged] {};
+    return s;
+  });
+}
+
+WorkPtr MPIBackend::recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) {
+  check_not_broken("recv");
+  check_root(src, size_, "recv (src)");
+  Staged staged = stage(tensor, false);
+  int count = checked_count(staged.buffer.numel(), "recv");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const int tag = opts.tag_id;
+  return submit(this, "recv", {tensor}, deadline_for(opts), [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    check_mpi(MPI_Irecv(staged.buffer.data_ptr(), count, type, src, tag, comm, &s.requests[0]),
+              "MPI_Irecv");
+    s.on_complete = [staged] { staged.copy_back(); };
+    return s;
+  });
+}
+
+}  // namespace tdist::mpi

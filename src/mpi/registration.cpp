@@ -1,0 +1,70 @@
+#include <cstdlib>
+#include <mutex>
+
+#include "executor.h"
+#include "tdist/comm/backend.h"
+#include "tdist/error.h"
+#include "tdist/mpi/mpi_backend.h"
+#include "tdist/store/tcp_store.h"
+
+namespace tdist::mpi {
+
+void register_mpi_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (tdist::detail::backend_registered("mpi")) return;
+    Backend::register_backend(
+        "mpi",
+        [](const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout) {
+          return std::make_shared<MPIBackend>(store, rank, size, timeout);
+        },
+        /*extended_api=*/true, {"cpu"});
+  });
+}
+
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+int world_rank() { return detail::Executor::instance().world_rank(); }
+int world_size() { return detail::Executor::instance().world_size(); }
+
+StorePtr bootstrap_store(std::chrono::milliseconds timeout) {
+  auto& executor = detail::Executor::instance();
+  const bool is_server = executor.world_rank() == 0;
+  std::string host = "127.0.0.1";
+  if (const char* addr = std::getenv("MASTER_ADDR")) host = addr;
+  std::shared_ptr<TCPStore> store;
+  int port = 0;
+  if (is_server) {
+    store = std::make_shared<TCPStore>(
+        host, TCPStoreOptions().port(0).is_server(true).timeout(timeout).wait_for_workers(false));
+    port = store->port();
+  }
+  executor.run_sync([&] {
+    detail::check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast(store port)");
+  });
+  if (!is_server) {
+    store = std::make_shared<TCPStore>(host, TCPStoreOptions().port(port).timeout(timeout));
+  }
+  return store;
+}
+
+}  // namespace tdist::mpi
+
+// Note [Backend registration anchor]: static libraries drop object files nothing refers
+// to, and with them their static initialisers. tdist::tdist links with
+// -Wl,--undefined=tdist_mpi_registration_anchor, which pulls this file in, so "mpi" is
+// registered before main() in every program that links tdist::tdist.
+extern "C" {
+int tdist_mpi_registration_anchor = 0;
+}
+namespace {
+const bool kRegistered = [] {
+  tdist::mpi::register_mpi_backend();
+  return true;
+}();
+}  // namespace
