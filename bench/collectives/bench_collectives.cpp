@@ -1,0 +1,289 @@
+// nccl-tests-style table for tdist's Gloo engine and, beside it, LibTorch's c10d
+// ProcessGroupGloo: op, bytes, time, algbw, busbw and #wrong (each size is verified after it
+// is timed). The parent process spawns `--world` copies of itself on loopback.
+//
+//   bench_collectives [--world 2] [--min-bytes 1024] [--max-bytes 268435456] [--step 4]
+//                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d]
+
+// LibTorch is built with Gloo; its header hides the class unless this is defined.
+#define USE_C10D_GLOO 1
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tdist/comm/gloo_backend.h"
+#include "tdist/store/file_store.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  int world = 2;
+  int64_t min_bytes = 1024;
+  int64_t max_bytes = int64_t(256) << 20;
+  int step = 4;
+  std::vector<std::string> ops = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                  "broadcast", "all_to_all_single"};
+  bool c10d = true;
+};
+
+// Bus bandwidth factor (nccl-tests' PERFORMANCE.md): what each rank's link must carry.
+double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return double(n - 1) / n;
+}
+
+// One implementation under test. `bytes` is the nccl-tests size: the whole buffer for
+// all_reduce/broadcast/all_to_all, the output for all_gather, the input for reduce_scatter.
+struct Impl {
+  virtual ~Impl() = default;
+  virtual std::string name() const = 0;
+  virtual bool has(const std::string& op) const = 0;
+  virtual void run(const std::string& op, at::Tensor& in, at::Tensor& out) = 0;
+};
+
+struct TdistImpl : Impl {
+  std::shared_ptr<tdist::GlooBackend> b;
+  std::string name() const override { return "tdist"; }
+  bool has(const std::string&) const override { return true; }
+  void run(const std::string& op, at::Tensor& in, at::Tensor& out) override {
+    if (op == "all_reduce") {
+      b->all_reduce(in, {})->wait();
+    } else if (op == "all_gather_into_tensor") {
+      b->all_gather_into_tensor(out, in, {})->wait();
+    } else if (op == "reduce_scatter_tensor") {
+      b->reduce_scatter_tensor(out, in, {})->wait();
+    } else if (op == "broadcast") {
+      b->broadcast(in, {})->wait();
+    } else {
+      b->all_to_all_single(out, in, {}, {}, {})->wait();
+    }
+  }
+};
+
+struct C10dImpl : Impl {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  int n = 1;
+  std::string name() const override { return "c10d"; }
+  // c10d's Gloo has no reduce_scatter; _allgather_base throws, so the list all_gather
+  // (what users fall back to) stands in for all_gather_into_tensor.
+  bool has(const std::string& op) const override { return op != "reduce_scatter_tensor"; }
+  void run(const std::string& op, at::Tensor& in, at::Tensor& out) override {
+    std::vector<at::Tensor> ins = {in};
+    if (op == "all_reduce") {
+      pg->allreduce(ins)->wait();
+    } else if (op == "all_gather_into_tensor") {
+      std::vector<std::vector<at::Tensor>> outs(1, std::vector<at::Tensor>(out.chunk(n)));
+      pg->allgather(outs, ins)->wait();
+    } else if (op == "broadcast") {
+      pg->broadcast(ins)->wait();
+    } else {
+      std::vector<int64_t> none;
+      pg->alltoall_base(out, in, none, none)->wait();
+    }
+  }
+};
+
+// Fills inputs with known values, runs once, returns the number of wrong elements.
+int64_t verify(Impl& impl, const std::string& op, at::Tensor& in, at::Tensor& out, int rank,
+               int n) {
+  const double tri = n * (n + 1) / 2.0;
+  at::Tensor want;
+  if (op == "all_reduce") {
+    in.fill_(rank + 1);
+    impl.run(op, in, out);
+    return (in != tri).sum().item<int64_t>();
+  }
+  if (op == "broadcast") {
+    in.fill_(rank + 1);
+    impl.run(op, in, out);
+    return (in != 1).sum().item<int64_t>();
+  }
+  if (op == "all_gather_into_tensor") {
+    in.fill_(rank + 1);
+    out.zero_();
+    impl.run(op, in, out);
+    want = torch::arange(1, n + 1, torch::kFloat).repeat_interleave(in.numel());
+  } else if (op == "reduce_scatter_tensor") {
+    in.copy_(torch::arange(1, n + 1, torch::kFloat).repeat_interleave(out.numel()) * (rank + 1));
+    impl.run(op, in, out);
+    want = torch::full_like(out, (rank + 1) * tri);
+  } else {
+    const int64_t block = in.numel() / n;
+    in.copy_(torch::arange(n, torch::kFloat).repeat_interleave(block) + 100 * rank);
+    out.zero_();
+    impl.run(op, in, out);
+    want = torch::arange(n, torch::kFloat).repeat_interleave(block) * 100 + rank;
+  }
+  return (out != want).sum().item<int64_t>();
+}
+
+struct Result {
+  double time_us = 0;
+  int64_t wrong = 0;
+  bool ran = false;
+};
+
+Result measure(Impl& impl, tdist::GlooBackend& sync, const std::string& op, int64_t bytes, int rank,
+               int n) {
+  Result r;
+  if (!impl.has(op)) return r;
+  const int64_t numel = bytes / 4;
+  at::Tensor in, out;
+  if (op == "all_gather_into_tensor") {
+    in = torch::ones({numel / n});
+    out = torch::empty({numel});
+  } else if (op == "reduce_scatter_tensor") {
+    in = torch::ones({numel});
+    out = torch::empty({numel / n});
+  } else {
+    in = torch::ones({numel});
+    out = torch::empty({numel});
+  }
+  const int iters =
+      static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
+  impl.run(op, in, out);  // warm-up
+  sync.barrier({})->wait();
+  auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) impl.run(op, in, out);
+  double local = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  at::Tensor t = torch::tensor({local}, torch::kDouble);
+  tdist::AllreduceOptions max;
+  max.op = tdist::ReduceOp::MAX;
+  sync.all_reduce(t, max)->wait();
+  r.time_us = t.item<double>();
+  at::Tensor wrong = torch::tensor({verify(impl, op, in, out, rank, n)}, torch::kLong);
+  sync.all_reduce(wrong, {})->wait();
+  r.wrong = wrong.item<int64_t>();
+  r.ran = true;
+  return r;
+}
+
+int child(const Config& cfg, int rank, const std::string& dir) {
+  const int n = cfg.world;
+  auto store =
+      std::make_shared<tdist::FileStore>(dir + "/tdist_store", -1, std::chrono::seconds(60));
+  auto options = tdist::gloo_options_from_env();
+  if (options.interfaces().empty()) options.hostname("127.0.0.1");
+  TdistImpl mine;
+  mine.b = std::make_shared<tdist::GlooBackend>(store, rank, n, std::chrono::seconds(300), options);
+  C10dImpl theirs;
+  theirs.n = n;
+  if (cfg.c10d) {
+    auto c10d_store = c10::make_intrusive<c10d::FileStore>(dir + "/c10d_store", n);
+    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(300));
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    theirs.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10d_store, rank, n, opts);
+  }
+  if (rank == 0) {
+    std::printf(
+        "# world %d, float32, loopback; tdist channels %d, segment %zu KiB; times are the "
+        "max over ranks of the mean per iteration\n",
+        n, options.channels(), options.segment_bytes() >> 10);
+    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %8s %6s | %7s\n", "op", "bytes",
+                "tdist_us", "algbw", "busbw", "#wrong", "c10d_us", "algbw", "busbw", "#wrong",
+                "busbw_x");
+  }
+  for (const auto& op : cfg.ops) {
+    for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
+      Result a = measure(mine, *mine.b, op, bytes, rank, n);
+      Result b;
+      if (cfg.c10d) b = measure(theirs, *mine.b, op, bytes, rank, n);
+      if (rank != 0) continue;
+      const double f = bus_factor(op, n);
+      auto alg = [&](const Result& r) { return bytes / (r.time_us * 1e3); };  // GB/s
+      std::printf("%-24s %12lld | %10.1f %8.3f %8.3f %6lld | ", op.c_str(), (long long)bytes,
+                  a.time_us, alg(a), alg(a) * f, (long long)a.wrong);
+      if (b.ran) {
+        std::printf("%10.1f %8.3f %8.3f %6lld | %7.2f\n", b.time_us, alg(b), alg(b) * f,
+                    (long long)b.wrong, b.time_us / a.time_us);
+      } else {
+        std::printf("%10s %8s %8s %6s | %7s\n", "n/a", "", "", "", "");
+      }
+      std::fflush(stdout);
+    }
+  }
+  mine.b->barrier({})->wait();
+  return 0;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config cfg;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--world") {
+      cfg.world = std::stoi(next());
+    } else if (a == "--min-bytes") {
+      cfg.min_bytes = std::stoll(next());
+    } else if (a == "--max-bytes") {
+      cfg.max_bytes = std::stoll(next());
+    } else if (a == "--step") {
+      cfg.step = std::stoi(next());
+    } else if (a == "--ops") {
+      cfg.ops = split(next());
+    } else if (a == "--no-c10d") {
+      cfg.c10d = false;
+    } else {
+      std::cerr << "usage: " << argv[0]
+                << " [--world N] [--min-bytes B] [--max-bytes B] [--step K] [--ops a,b]"
+                   " [--no-c10d]\n  env: TDIST_GLOO_CHANNELS, GLOO_SOCKET_IFNAME\n";
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (const char* r = std::getenv("BENCH_RANK")) {
+    return child(cfg, std::atoi(r), std::getenv("BENCH_DIR"));
+  }
+  char tmpl[] = "/tmp/tdist-bench-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < cfg.world; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("BENCH_RANK", std::to_string(rank).c_str(), 1);
+      setenv("BENCH_DIR", dir.c_str(), 1);
+      execv("/proc/self/exe", argv);
+      std::perror("execv");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  return rc;
+}

@@ -1,0 +1,209 @@
+// The data-moving collectives without reduction: broadcast, all_gather (+ into_tensor),
+// gather, scatter.
+
+#include <cstring>
+
+#include "comm/gloo/collective_common.h"
+#include "comm/gloo/ring.h"
+#include "tdist/comm/gloo_backend.h"
+
+namespace tdist {
+
+using namespace detail;
+
+WorkPtr GlooBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  const std::string op = "broadcast";
+  check_tensor(tensor, op, rank_, "tensor");
+  check_root(opts.root, size_, op, rank_);
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, {tensor},
+                 [this, op, t = tensor, root = opts.root, timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   ex.handshake(header_for(t, t.numel(), -1, root), {}, {});
+                   at::Tensor work = staged(t, t.scalar_type());
+                   chain_broadcast(ex, bytes_of(work), work.nbytes(), root, kPhase1);
+                   if (rank_ != root) unstage(t, work);
+                 });
+}
+
+namespace {
+
+// Ring all-gather into `chunks` (one per rank, `bytes` each) after copying `input` into ours.
+void all_gather_chunks(Exchange& ex, std::vector<char*>& chunks, size_t bytes,
+                       const at::Tensor& input) {
+  char* mine = chunks[ex.rank()];
+  if (mine != bytes_of(input)) std::memcpy(mine, bytes_of(input), bytes);
+  ring_all_gather(ex, chunks, std::vector<size_t>(ex.size(), bytes), kPhase1);
+}
+
+}  // namespace
+
+WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                                            const AllgatherOptions& opts) {
+  const std::string op = "all_gather_into_tensor";
+  check_tensor(output, op, rank_, "output");
+  check_tensor(input, op, rank_, "input");
+  check_same_dtype(input, output, op, rank_, "input and output");
+  TDIST_CHECK_ARG(output.numel() == input.numel() * size_,
+                  rank_prefix(rank_, op) + "output has " + std::to_string(output.numel()) +
+                      " elements but must have world_size (" + std::to_string(size_) +
+                      ") x input (" + std::to_string(input.numel()) + ") elements");
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, {output},
+                 [this, op, out = output, in = input, timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   ex.handshake(header_for(in, in.numel()), {}, {});
+                   at::Tensor src = staged(in, in.scalar_type());
+                   at::Tensor work = staged_output(out, out.scalar_type());
+                   const size_t bytes = src.nbytes();
+                   std::vector<char*> chunks(size_);
+                   for (int c = 0; c < size_; ++c) chunks[c] = bytes_of(work) + c * bytes;
+                   all_gather_chunks(ex, chunks, bytes, src);
+                   unstage(out, work);
+                 });
+}
+
+WorkPtr GlooBackend::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                                const AllgatherOptions& opts) {
+  const std::string op = "all_gather";
+  check_tensor(input, op, rank_, "input");
+  TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
+                  rank_prefix(rank_, op) + "needs one output per rank (" + std::to_string(size_) +
+                      "), got " + std::to_string(outputs.size()));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string name = "outputs[" + std::to_string(i) + "]";
+    check_tensor(outputs[i], op, rank_, name);
+    check_same_dtype(input, outputs[i], op, rank_, "input and " + name);
+    TDIST_CHECK_ARG(outputs[i].numel() == input.numel(),
+                    rank_prefix(rank_, op) + name + " has " + std::to_string(outputs[i].numel()) +
+                        " elements but input has " + std::to_string(input.numel()));
+  }
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, outputs,
+                 [this, op, outs = outputs, in = input, timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   ex.handshake(header_for(in, in.numel()), {}, {});
+                   at::Tensor src = staged(in, in.scalar_type());
+                   std::vector<at::Tensor> work;
+                   std::vector<char*> chunks;
+                   for (auto& o : outs) {
+                     work.push_back(staged_output(o, o.scalar_type()));
+                     chunks.push_back(bytes_of(work.back()));
+                   }
+                   all_gather_chunks(ex, chunks, src.nbytes(), src);
+                   for (size_t i = 0; i < outs.size(); ++i) unstage(outs[i], work[i]);
+                 });
+}
+
+WorkPtr GlooBackend::gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                            const GatherOptions& opts) {
+  const std::string op = "gather";
+  check_tensor(input, op, rank_, "input");
+  check_root(opts.root, size_, op, rank_);
+  const bool is_root = rank_ == opts.root;
+  if (is_root) {
+    TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
+                    rank_prefix(rank_, op) + "the root needs one output per rank (" +
+                        std::to_string(size_) + "), got " + std::to_string(outputs.size()));
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const std::string name = "outputs[" + std::to_string(i) + "]";
+      check_tensor(outputs[i], op, rank_, name);
+      check_same_dtype(input, outputs[i], op, rank_, "input and " + name);
+      TDIST_CHECK_ARG(outputs[i].numel() == input.numel(),
+                      rank_prefix(rank_, op) + name + " has " + std::to_string(outputs[i].numel()) +
+                          " elements but input has " + std::to_string(input.numel()));
+    }
+  } else {
+    TDIST_CHECK_ARG(outputs.empty(), rank_prefix(rank_, op) +
+                                         "outputs must be empty on non-root ranks (root is " +
+                                         std::to_string(opts.root) + ")");
+  }
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, outputs,
+                 [this, op, outs = outputs, in = input, root = opts.root, timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   at::Tensor src = staged(in, in.scalar_type());
+                   const int64_t bytes = src.nbytes();
+                   std::vector<int64_t> send(size_, 0), recv(size_, 0);
+                   if (rank_ == root) {
+                     std::fill(recv.begin(), recv.end(), bytes);
+                   } else {
+                     send[root] = bytes;
+                   }
+                   ex.handshake(header_for(in, in.numel(), -1, root), send, recv);
+                   if (rank_ != root) {
+                     ex.send_segmented(root, bytes_of(src), bytes, from_rank(rank_));
+                     ex.wait_all();
+                     return;
+                   }
+                   std::vector<at::Tensor> work;
+                   for (int p = 0; p < size_; ++p) {
+                     work.push_back(staged_output(outs[p], outs[p].scalar_type()));
+                     if (p == rank_) {
+                       std::memcpy(bytes_of(work[p]), bytes_of(src), bytes);
+                     } else {
+                       ex.recv_segmented(p, bytes_of(work[p]), bytes, from_rank(p));
+                     }
+                   }
+                   ex.wait_all();
+                   for (int p = 0; p < size_; ++p) unstage(outs[p], work[p]);
+                 });
+}
+
+WorkPtr GlooBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
+                             const ScatterOptions& opts) {
+  const std::string op = "scatter";
+  check_tensor(output, op, rank_, "output");
+  check_root(opts.root, size_, op, rank_);
+  const bool is_root = rank_ == opts.root;
+  if (is_root) {
+    TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_,
+                    rank_prefix(rank_, op) + "the root needs one input per rank (" +
+                        std::to_string(size_) + "), got " + std::to_string(inputs.size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::string name = "inputs[" + std::to_string(i) + "]";
+      check_tensor(inputs[i], op, rank_, name);
+      check_same_dtype(inputs[i], output, op, rank_, name + " and output");
+      TDIST_CHECK_ARG(inputs[i].numel() == output.numel(),
+                      rank_prefix(rank_, op) + name + " has " + std::to_string(inputs[i].numel()) +
+                          " elements but output has " + std::to_string(output.numel()));
+    }
+  } else {
+    TDIST_CHECK_ARG(inputs.empty(), rank_prefix(rank_, op) +
+                                        "inputs must be empty on non-root ranks (root is " +
+                                        std::to_string(opts.root) + ")");
+  }
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, {output},
+                 [this, op, out = output, ins = inputs, root = opts.root, timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   at::Tensor work = staged_output(out, out.scalar_type());
+                   const int64_t bytes = work.nbytes();
+                   std::vector<int64_t> send(size_, 0), recv(size_, 0);
+                   if (rank_ == root) {
+                     std::fill(send.begin(), send.end(), bytes);
+                   } else {
+                     recv[root] = bytes;
+                   }
+                   ex.handshake(header_for(out, out.numel(), -1, root), send, recv);
+                   if (rank_ != root) {
+                     ex.recv_segmented(root, bytes_of(work), bytes, from_rank(root) + 0);
+                     ex.wait_all();
+                     unstage(out, work);
+                     return;
+                   }
+                   std::vector<at::Tensor> srcs;
+                   for (int p = 0; p < size_; ++p) {
+                     srcs.push_back(staged(ins[p], ins[p].scalar_type()));
+                     if (p == rank_) {
+                       std::memcpy(bytes_of(work), bytes_of(srcs[p]), bytes);
+                     } else {
+                       ex.send_segmented(p, bytes_of(srcs[p]), bytes, from_rank(root));
+                     }
+                   }
+                   ex.wait_all();
+                   unstage(out, work);
+                 });
+}
+
+}  // namespace tdist

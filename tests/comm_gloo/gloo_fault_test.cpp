@@ -1,0 +1,136 @@
+// Dead and frozen peers, with ranks as real processes over a FileStore: a SIGKILLed rank
+// makes the others raise NetworkError naming it within 2 s; a SIGSTOPped rank makes the
+// others raise TimeoutError within timeout + 1 s naming op, sequence number and peer; both
+// leave the group broken so that the next collective fails at once.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "comm_gloo/gloo_test_util.h"
+#include "tdist/error.h"
+#include "tdist/store/file_store.h"
+
+namespace tdist::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+StorePtr scenario_store() {
+  const char* path = std::getenv("TDIST_GLOO_TEST_STORE");
+  if (!path) throw std::runtime_error("TDIST_GLOO_TEST_STORE not set");
+  return std::make_shared<FileStore>(path, -1, std::chrono::seconds(20));
+}
+
+void expect_refuses_at_once(GlooBackend& b) {
+  at::Tensor t = torch::ones({4});
+  auto start = Clock::now();
+  EXPECT_THROW(b.all_reduce(t, {})->wait(), DistBackendError);
+  EXPECT_LT(Clock::now() - start, 500ms);
+  EXPECT_TRUE(b.is_broken());
+}
+
+TDIST_SCENARIO(gloo_sigkill_mid_all_reduce) {
+  const int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
+  const int victim = env_int("VICTIM", 1);
+  GlooBackend b(scenario_store(), rank, world, 20s);
+  for (int i = 0; i < 2; ++i) {
+    at::Tensor t = torch::ones({1000});
+    b.all_reduce(t, {})->wait();
+  }
+  at::Tensor big = torch::ones({4 << 20});
+  if (rank == victim) {
+    // Die while the collective is in flight.
+    auto work = b.all_reduce(big, {});
+    std::this_thread::sleep_for(5ms);
+    ::raise(SIGKILL);
+  }
+  auto start = Clock::now();
+  try {
+    b.all_reduce(big, {})->wait();
+    ADD_FAILURE() << "all_reduce survived a dead peer";
+  } catch (const NetworkError& e) {
+    const std::string msg = e.what();
+    std::cerr << "rank " << rank << " got: " << msg << "\n";
+    EXPECT_LT(Clock::now() - start, 2s);
+    EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+  }
+  expect_refuses_at_once(b);
+}
+
+TDIST_SCENARIO(gloo_sigstop_times_out) {
+  const int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
+  const int victim = world - 1;
+  auto store = scenario_store();
+  GlooBackend b(store, rank, world, 20s);
+  at::Tensor t = torch::ones({1000});
+  b.all_reduce(t, {})->wait();
+  if (rank == victim) {
+    store->set("victim_pid", std::to_string(::getpid()));
+    ::raise(SIGSTOP);
+    std::this_thread::sleep_for(60s);  // never reached: rank 0 kills us
+  }
+  store->wait({"victim_pid"});
+  AllreduceOptions opts;
+  opts.timeout = 1000ms;
+  auto start = Clock::now();
+  try {
+    b.all_reduce(t, opts)->wait();
+    ADD_FAILURE() << "all_reduce survived a frozen peer";
+  } catch (const TimeoutError& e) {
+    const std::string msg = e.what();
+    std::cerr << "rank " << rank << " got: " << msg << "\n";
+    auto took = Clock::now() - start;
+    EXPECT_GE(took, 990ms);
+    EXPECT_LT(took, 2000ms);
+    EXPECT_NE(msg.find("all_reduce #2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+  } catch (const NetworkError& e) {
+    // A rank that was not waiting on the victim sees the first rank's abort instead; it
+    // must still name the frozen rank through the recorded first failure.
+    const std::string msg = e.what();
+    EXPECT_LT(Clock::now() - start, 2000ms);
+    EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+  }
+  expect_refuses_at_once(b);
+  if (rank == 0) ::kill(std::stoi(store->get_string("victim_pid")), SIGKILL);
+}
+
+ProcessOptions fault_options() {
+  ProcessOptions options;
+  options.env["TDIST_GLOO_TEST_STORE"] = make_temp_dir("gloo-fault") + "/store";
+  options.timeout = 60s;
+  return options;
+}
+
+void expect_survivors_ok(const std::vector<RankResult>& results, int victim) {
+  for (const auto& r : results) {
+    if (r.rank == victim) {
+      EXPECT_EQ(r.signal, SIGKILL) << "victim output:\n" << r.output;
+    } else {
+      EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << " signal " << r.signal
+                          << "\n"
+                          << r.output;
+    }
+  }
+}
+
+TEST(GlooFault, SigkilledPeerRaisesNetworkErrorNamingIt) {
+  for (int world : {2, 3}) {
+    auto options = fault_options();
+    options.env["VICTIM"] = "1";
+    expect_survivors_ok(run_ranks_as_processes("gloo_sigkill_mid_all_reduce", world, options), 1);
+  }
+}
+
+TEST(GlooFault, SigstoppedPeerRaisesTimeoutError) {
+  for (int world : {2, 3}) {
+    expect_survivors_ok(run_ranks_as_processes("gloo_sigstop_times_out", world, fault_options()),
+                        world - 1);
+  }
+}
+
+}  // namespace
+}  // namespace tdist::testing
