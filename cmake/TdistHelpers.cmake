@@ -2,7 +2,12 @@
 # ~20 s cost of parsing torch/torch.h is paid once per build directory.
 function(tdist_use_pch target)
   if(TDIST_USE_PCH AND TARGET tdist_pch)
-    target_precompile_headers(${target} REUSE_FROM tdist_pch)
+    get_target_property(_type ${target} TYPE)
+    if(_type STREQUAL "EXECUTABLE")
+      target_precompile_headers(${target} REUSE_FROM tdist_pch_exe)
+    else()
+      target_precompile_headers(${target} REUSE_FROM tdist_pch)
+    endif()
   endif()
 endfunction()
 

@@ -1,0 +1,2 @@
+// Anchor for the executables' copy of the precompiled header (see src/CMakeLists.txt).
+int main() { return 0; }
