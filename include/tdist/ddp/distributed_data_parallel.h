@@ -1,0 +1,153 @@
+#pragma once
+
+// DistributedDataParallel for LibTorch modules (torch.nn.parallel.DistributedDataParallel).
+//
+// C++ modules have no common forward signature and no forward hooks, so the model's forward
+// runs *through* the wrapper:
+//
+//   auto net = std::make_shared<Net>();                       // or a ModuleHolder (Linear...)
+//   tdist::ddp::DistributedDataParallel ddp(net);             // broadcasts rank 0's state
+//   torch::optim::SGD opt(net->parameters(), 0.1);
+//   auto loss = ddp.forward([&] { return net->forward(x); }).mse_loss(y);  // or ddp(...)
+//   loss.backward();                                          // returns with averaged grads
+//   opt.step();
+//
+// forward(fn) does DDP's per-iteration work (buffer broadcast, Join notification, arming the
+// gradient reducer) and then calls fn. Calling the module directly skips it: the next
+// backward then does not synchronise (as under no_sync()).
+//
+// Gradients are all-reduced in buckets (Note [DDP bucket order] in bucketing.h) from
+// autograd post hooks, so each bucket's communication overlaps the rest of backward.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "tdist/arg.h"
+#include "tdist/comm/process_group.h"
+#include "tdist/ddp/comm_hooks.h"
+#include "tdist/join/join.h"
+
+namespace tdist::ddp {
+
+namespace detail {
+class Reducer;
+}
+
+struct DistributedDataParallelOptions {
+  /// The group gradients are averaged over; null: the world.
+  TDIST_ARG(ProcessGroupPtr, process_group) = nullptr;
+  /// Size of every bucket but the first, in MiB.
+  TDIST_ARG(double, bucket_cap_mb) = 25.0;
+  /// Size of the first bucket (the first to become ready in backward), in MiB.
+  TDIST_ARG(double, first_bucket_cap_mb) = 1.0;
+  /// Broadcast the module's buffers from rank 0 at the start of every forward.
+  TDIST_ARG(bool, broadcast_buffers) = true;
+  /// Allow parameters that get no gradient in some iterations (costs one extra small
+  /// all-reduce per iteration). Parameters unused on every rank keep their .grad as is.
+  TDIST_ARG(bool, find_unused_parameters) = false;
+  /// Make each .grad a view into its bucket after the first reduction (saves two copies
+  /// per step; .grad then aliases DDP's buffers, as in PyTorch).
+  TDIST_ARG(bool, gradient_as_bucket_view) = false;
+};
+
+class DistributedDataParallel : public join::Joinable {
+ public:
+  explicit DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                   DistributedDataParallelOptions options = {});
+  template <typename ModuleType>
+  explicit DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module,
+                                   DistributedDataParallelOptions options = {})
+      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                                std::move(options)) {}
+  ~DistributedDataParallel() override;
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// Runs one forward: DDP's pre-forward work, then `fn()` (which calls the module).
+  template <typename Fn>
+  auto forward(Fn&& fn) -> decltype(fn()) {
+    pre_forward();
+    return fn();
+  }
+  template <typename Fn>
+  auto operator()(Fn&& fn) -> decltype(fn()) {
+    return forward(std::forward<Fn>(fn));
+  }
+  /// The pre-forward step alone, for callers that drive the module themselves.
+  void pre_forward();
+
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  /// The wrapped module as its concrete type (null if it is not a ModuleType).
+  template <typename ModuleType>
+  std::shared_ptr<ModuleType> module_as() const {
+    return std::dynamic_pointer_cast<ModuleType>(module_);
+  }
+  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  const ProcessGroupPtr& process_group() const { return group_; }
+
+  /// RAII guard from no_sync(): while alive, forward/backward accumulate gradients locally
+  /// without communication; the first synchronised backward after it reduces the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp);
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    ~NoSyncGuard();
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
+
+  /// Replaces the default all-reduce with `hook` (once, before the first backward).
+  void register_comm_hook(CommHook hook);
+
+  /// Parameter indices (into parameters() filtered to requires_grad) per bucket, in the
+  /// order buckets are reduced.
+  const std::vector<std::vector<size_t>>& bucket_indices() const { return bucket_indices_; }
+
+  // Joinable. join_hook kwargs: "divide_by_initial_world_size" (bool, default true):
+  // while some ranks have joined, divide gradients by the initial world size (true) or by
+  // the number of ranks still training (false).
+  std::unique_ptr<join::JoinHook> join_hook(const join::JoinKwargs& kwargs) override;
+  c10::Device join_device() const override;
+  ProcessGroupPtr join_process_group() const override { return group_; }
+
+ private:
+  friend class DdpJoinHook;
+
+  void verify_parameters_across_ranks() const;
+  /// Broadcasts `tensors` from global rank `src`, coalesced per dtype.
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int src) const;
+  /// All-reduce MAX of (active ? rank : -1): the highest active rank (Join bookkeeping).
+  int find_common_rank(bool active) const;
+  /// All-reduce of how many ranks want to synchronise gradients this iteration.
+  int global_grad_sync_count(bool wants_sync) const;
+  void sync_buffers(int src) const;
+  /// Join: shadow one iteration of the ranks still training.
+  void joined_iteration();
+  /// Join: after every rank joined, copy the last joiner's state everywhere.
+  void sync_final_model(bool is_last_joiner);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  DistributedDataParallelOptions options_;
+  ProcessGroupPtr group_;
+  std::vector<at::Tensor> params_;  // requires_grad parameters, registration order
+  std::vector<std::string> param_names_;
+  std::vector<at::Tensor> buffers_;
+  std::vector<std::vector<size_t>> bucket_indices_;
+  std::shared_ptr<detail::Reducer> reducer_;
+  bool require_backward_grad_sync_ = true;
+  bool divide_by_initial_world_size_ = true;
+};
+
+}  // namespace tdist::ddp

@@ -1,0 +1,220 @@
+#include "tdist/ddp/distributed_data_parallel.h"
+
+#include <map>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "ddp/reducer.h"
+#include "mesh/gather_strings.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/ddp/bucketing.h"
+#include "tdist/error.h"
+
+namespace tdist::ddp {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+/// Join hook of DDP: a joined rank shadows buffer broadcast and gradient reduction.
+class DdpJoinHook : public join::JoinHook {
+ public:
+  explicit DdpJoinHook(DistributedDataParallel* ddp) : ddp_(ddp) {}
+  void main_hook() override { ddp_->joined_iteration(); }
+  void post_hook(bool is_last_joiner) override { ddp_->sync_final_model(is_last_joiner); }
+
+ private:
+  DistributedDataParallel* ddp_;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 DistributedDataParallelOptions options)
+    : module_(std::move(module)), options_(std::move(options)) {
+  TDIST_CHECK_ARG(module_ != nullptr, "DistributedDataParallel: the module is null");
+  TDIST_CHECK_ARG(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0,
+                  "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be > 0");
+  group_ = options_.process_group() ? options_.process_group() : group_world();
+  TDIST_CHECK_ARG(group_->is_member(),
+                  "DistributedDataParallel: this rank is not a member of the process group "
+                  "given; construct DDP only on the group's ranks");
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    params_.push_back(item.value());
+    param_names_.push_back(item.key());
+  }
+  buffers_ = module_->buffers(/*recurse=*/true);
+  TDIST_CHECK_ARG(!params_.empty(), "rank " + std::to_string(get_rank()) +
+                                        ": DistributedDataParallel: the module has no "
+                                        "parameter that requires grad; there is nothing to "
+                                        "synchronise");
+
+  // Shapes are checked on every rank before the first collective that depends on them.
+  verify_parameters_across_ranks();
+  std::vector<at::Tensor> state = module_->parameters(/*recurse=*/true);
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(state, group_->global_rank(0));
+
+  // Note [DDP bucket order] (bucketing.h): fill buckets in reverse registration order.
+  std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
+  const auto assignment = compute_bucket_assignment_by_size(
+      reversed, {static_cast<int64_t>(options_.first_bucket_cap_mb() * kMiB),
+                 static_cast<int64_t>(options_.bucket_cap_mb() * kMiB)});
+  for (const auto& bucket : assignment) {
+    std::vector<size_t> indices;
+    for (auto j : bucket) indices.push_back(params_.size() - 1 - j);
+    bucket_indices_.push_back(std::move(indices));
+  }
+  reducer_ = std::make_shared<detail::Reducer>(params_, param_names_, bucket_indices_, group_,
+                                               options_.find_unused_parameters(),
+                                               options_.gradient_as_bucket_view());
+  reducer_->install_hooks();
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::verify_parameters_across_ranks() const {
+  std::ostringstream sig;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    sig << item.key() << " " << item.value().sizes() << " " << item.value().scalar_type()
+        << (item.value().requires_grad() ? "" : " (frozen)") << "\n";
+  }
+  const auto all = mesh::detail::all_gather_strings(sig.str(), group_);
+  const int bad = mesh::detail::first_mismatch(all);
+  if (bad < 0) return;
+  const auto ref = split_lines(all[0]);
+  const auto other = split_lines(all[bad]);
+  std::string detail;
+  for (size_t i = 0; i < std::max(ref.size(), other.size()); ++i) {
+    const std::string a = i < ref.size() ? ref[i] : "(none)";
+    const std::string b = i < other.size() ? other[i] : "(none)";
+    if (a != b) {
+      detail = "parameter #" + std::to_string(i) + " is '" + b + "' on rank " +
+               std::to_string(group_->global_rank(bad)) + " but '" + a + "' on rank " +
+               std::to_string(group_->global_rank(0));
+      break;
+    }
+  }
+  TDIST_THROW(InvalidArgument,
+              "rank " + std::to_string(get_rank()) +
+                  ": DistributedDataParallel: the model differs across ranks: " + detail +
+                  "; every rank must construct the same model (same parameter names, shapes "
+                  "and dtypes, in the same order)");
+}
+
+void DistributedDataParallel::broadcast_coalesced(const std::vector<at::Tensor>& tensors,
+                                                  int src) const {
+  if (group_->size() == 1 || tensors.empty()) return;
+  at::NoGradGuard no_grad;
+  std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
+  for (const auto& t : tensors) by_kind[{t.scalar_type(), t.device().str()}].push_back(t);
+  for (auto& [kind, group] : by_kind) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    broadcast(flat, src, group_);
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+int DistributedDataParallel::find_common_rank(bool active) const {
+  at::Tensor rank = at::full({1}, active ? group_->rank() : -1, at::kInt);
+  all_reduce(rank, ReduceOp::MAX, group_);
+  return rank.item<int>();
+}
+
+int DistributedDataParallel::global_grad_sync_count(bool wants_sync) const {
+  at::Tensor flag = at::full({1}, wants_sync ? 1 : 0, at::kInt);
+  all_reduce(flag, ReduceOp::SUM, group_);
+  return flag.item<int>();
+}
+
+void DistributedDataParallel::sync_buffers(int src) const {
+  broadcast_coalesced(buffers_, src);
+}
+
+void DistributedDataParallel::pre_forward() {
+  // Whether the next backward synchronises is decided here, at forward time (as PyTorch).
+  const bool sync = at::GradMode::is_enabled() && require_backward_grad_sync_;
+  if (sync) {
+    reducer_->prepare_for_backward();
+  } else {
+    reducer_->expect_no_backward();
+  }
+  // Note [Join collective order]: a joined rank's DdpJoinHook::main_hook issues the same
+  // collectives in the same order: (notify) -> common rank + buffers -> sync count ->
+  // buckets -> used map.
+  WorkPtr join_work = join::Join::notify_join_context(*this);
+  const bool joining = join_config().enable;
+  if (options_.broadcast_buffers() && !buffers_.empty()) {
+    const int src = joining ? find_common_rank(true) : 0;
+    sync_buffers(group_->global_rank(src));
+  }
+  if (joining) {
+    const int count = global_grad_sync_count(sync);
+    reducer_->set_divisor(divide_by_initial_world_size_ || count == 0 ? group_->size() : count);
+  }
+  if (join_work) join_work->wait(group_->timeout());
+}
+
+void DistributedDataParallel::joined_iteration() {
+  if (options_.broadcast_buffers() && !buffers_.empty()) {
+    sync_buffers(group_->global_rank(find_common_rank(false)));
+  }
+  const int count = global_grad_sync_count(false);
+  if (count == 0) return;  // the others run under no_sync (or without grad) this iteration
+  reducer_->set_divisor(divide_by_initial_world_size_ ? group_->size() : count);
+  reducer_->shadow_backward();
+}
+
+void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
+  const int src = find_common_rank(is_last_joiner);
+  std::vector<at::Tensor> state = module_->parameters(/*recurse=*/true);
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(state, group_->global_rank(src));
+  reducer_->set_divisor(group_->size());
+}
+
+void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  TDIST_CHECK_ARG(static_cast<bool>(hook), "DistributedDataParallel: the comm hook is empty");
+  reducer_->set_comm_hook(std::move(hook));
+}
+
+std::unique_ptr<join::JoinHook> DistributedDataParallel::join_hook(const join::JoinKwargs& kwargs) {
+  auto it = kwargs.find("divide_by_initial_world_size");
+  divide_by_initial_world_size_ = it == kwargs.end() ? true : it->second.toBool();
+  return std::make_unique<DdpJoinHook>(this);
+}
+
+c10::Device DistributedDataParallel::join_device() const {
+  return params_.front().device();
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp)
+    : ddp_(ddp), previous_(ddp->require_backward_grad_sync_) {
+  ddp_->require_backward_grad_sync_ = false;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : ddp_(other.ddp_), previous_(other.previous_) {
+  other.ddp_ = nullptr;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (ddp_) ddp_->require_backward_grad_sync_ = previous_;
+}
+
+}  // namespace tdist::ddp

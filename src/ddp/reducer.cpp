@@ -1,0 +1,242 @@
+#include "ddp/reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "tdist/comm/distributed.h"
+#include "tdist/error.h"
+
+namespace tdist::ddp::detail {
+
+namespace {
+
+/// Autograd post hook on a parameter's AccumulateGrad node: runs after .grad is final for
+/// this backward. Holds the reducer weakly: a graph may outlive its DDP.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<Reducer> reducer, size_t index)
+      : reducer_(std::move(reducer)), index_(index) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    if (auto reducer = reducer_.lock()) reducer->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<Reducer> reducer_;
+  size_t index_;
+};
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+                 std::vector<std::vector<size_t>> bucket_indices, ProcessGroupPtr group,
+                 bool find_unused_parameters, bool gradient_as_bucket_view)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      locate_(params_.size()),
+      group_(std::move(group)),
+      find_unused_(find_unused_parameters),
+      grad_as_view_(gradient_as_bucket_view),
+      divisor_(group_->size()),
+      ready_(params_.size(), false) {
+  for (size_t b = 0; b < bucket_indices.size(); ++b) {
+    Bucket bucket;
+    bucket.params = bucket_indices[b];
+    int64_t numel = 0;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      locate_[bucket.params[k]] = {b, k};
+      bucket.offsets.push_back(numel);
+      numel += params_[bucket.params[k]].numel();
+    }
+    const auto& first = params_[bucket.params.front()];
+    bucket.buffer = at::zeros({numel}, first.options().requires_grad(false));
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto& p = params_[bucket.params[k]];
+      bucket.views.push_back(bucket.buffer.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes()));
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  local_used_.assign(params_.size(), 0);
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
+    grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
+  }
+}
+
+void Reducer::install_hooks() {
+  std::weak_ptr<Reducer> self = shared_from_this();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // Keeping the AccumulateGrad node alive keeps it the parameter's accumulator, so the
+    // hook stays attached across iterations (as c10d's reducer does).
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    TDIST_CHECK_ARG(accumulator != nullptr, "DDP: parameter '" + names_[i] +
+                                                "' has no gradient accumulator; it must "
+                                                "be a leaf tensor that requires grad");
+    hook_keys_.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(self, i)));
+    grad_accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+void Reducer::set_comm_hook(CommHook hook) {
+  TDIST_CHECK_ARG(!hook_, "DDP: register_comm_hook may only be called once");
+  hook_ = std::move(hook);
+}
+
+void Reducer::prepare_for_backward() {
+  expect_hooks_ = true;
+  callback_queued_ = false;
+  next_bucket_ = 0;
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(local_used_.begin(), local_used_.end(), 0);
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.future.reset();
+  }
+}
+
+void Reducer::on_grad_ready(size_t index) {
+  if (!expect_hooks_) return;  // no_sync, or a backward without a DDP forward
+  if (!callback_queued_) {
+    // Note [DDP finalize]: the engine runs this once the whole backward is done; there the
+    // reducer launches what remains and waits, so backward() returns with averaged grads.
+    callback_queued_ = true;
+    std::weak_ptr<Reducer> self = shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([self] {
+      if (auto reducer = self.lock()) reducer->finalize_backward();
+    });
+  }
+  mark_ready(index);
+}
+
+void Reducer::mark_ready(size_t index) {
+  if (ready_[index]) {
+    TDIST_THROW(InvalidArgument,
+                "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
+                    "' received its gradient twice in one backward (backward run twice on "
+                    "one forward, or reentrant backward); run one forward per backward");
+  }
+  ready_[index] = true;
+  local_used_[index] = 1;
+  auto [b, k] = locate_[index];
+  Bucket& bucket = buckets_[b];
+  const at::Tensor& grad = params_[index].grad();
+  if (grad.defined()) {
+    TDIST_CHECK_ARG(!grad.is_sparse(),
+                    "DDP: sparse gradients are not supported (parameter '" + names_[index] + "')");
+    // With gradient_as_bucket_view the gradient usually already lives in the bucket.
+    if (!grad.is_same(bucket.views[k])) bucket.views[k].copy_(grad);
+  } else {
+    bucket.views[k].zero_();
+  }
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Buckets launch strictly in order on every rank, so collectives match across ranks
+  // even when a later bucket fills first.
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    launch(next_bucket_++);
+  }
+}
+
+void Reducer::launch(size_t b) {
+  Bucket& bucket = buckets_[b];
+  std::vector<at::Tensor> params;
+  for (auto i : bucket.params) params.push_back(params_[i]);
+  GradBucket grad_bucket(b, b + 1 == buckets_.size(), bucket.buffer, bucket.views,
+                         std::move(params), group_);
+  bucket.future = hook_ ? hook_(grad_bucket) : allreduce_hook(grad_bucket);
+}
+
+at::Tensor Reducer::reduce_used_map() {
+  at::Tensor used = at::tensor(local_used_, at::kInt);
+  all_reduce(used, ReduceOp::SUM, group_);
+  return used;
+}
+
+void Reducer::finalize_backward() {
+  callback_queued_ = false;
+  if (!expect_hooks_) return;
+  expect_hooks_ = false;
+  at::Tensor global_used;
+  if (find_unused_) {
+    // Unused parameters contribute zeros; the used map decides below whose .grad to write.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (ready_[i]) continue;
+      ready_[i] = true;
+      auto [b, k] = locate_[i];
+      buckets_[b].views[k].zero_();
+      --buckets_[b].pending;
+    }
+    launch_ready_buckets();
+    global_used = reduce_used_map();
+  } else if (next_bucket_ < buckets_.size()) {
+    std::string missing;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) missing += (missing.empty() ? "" : ", ") + names_[i];
+    }
+    TDIST_THROW(DistBackendError,
+                "rank " + std::to_string(get_rank()) +
+                    ": DDP: these parameters received no gradient in this backward: " + missing +
+                    ". Either make every parameter take part in the loss, or construct DDP "
+                    "with find_unused_parameters(true)");
+  }
+  finish_reduction(global_used);
+}
+
+void Reducer::finish_reduction(const at::Tensor& global_used) {
+  const double scale = static_cast<double>(group_->size()) / divisor_;
+  std::vector<bool> used(params_.size(), true);
+  if (global_used.defined()) {
+    auto acc = global_used.accessor<int, 1>();
+    for (size_t i = 0; i < params_.size(); ++i) used[i] = acc[static_cast<int64_t>(i)] != 0;
+  }
+  for (auto& bucket : buckets_) {
+    at::Tensor result = bucket.future->wait(group_->timeout());
+    bucket.future.reset();
+    TDIST_CHECK_ARG(result.numel() == bucket.buffer.numel(),
+                    "DDP: a communication hook returned " + std::to_string(result.numel()) +
+                        " elements for a bucket of " + std::to_string(bucket.buffer.numel()));
+    if (scale != 1.0) result = result.mul(scale);
+    if (grad_as_view_ && !result.is_same(bucket.buffer)) {
+      bucket.buffer.copy_(result);
+      result = bucket.buffer;
+    }
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      if (!used[i]) continue;  // unused on every rank: leave .grad as it is, as PyTorch does
+      at::Tensor& param = params_[i];
+      at::Tensor slice = result.narrow(0, bucket.offsets[k], param.numel()).view(param.sizes());
+      at::Tensor& grad = param.mutable_grad();
+      if (grad_as_view_) {
+        // Note [Gradient as bucket view]: .grad becomes a view of the bucket, so the next
+        // backward accumulates straight into it and both copies disappear.
+        if (!grad.is_same(bucket.views[k])) grad = bucket.views[k];
+      } else if (grad.defined()) {
+        grad.copy_(slice);
+      } else {
+        grad = slice.clone();
+      }
+    }
+  }
+}
+
+void Reducer::shadow_backward() {
+  prepare_for_backward();
+  expect_hooks_ = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].buffer.zero_();
+    launch(b);
+  }
+  at::Tensor global_used;
+  if (find_unused_) global_used = reduce_used_map();
+  finish_reduction(global_used);
+}
+
+}  // namespace tdist::ddp::detail
