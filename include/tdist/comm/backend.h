@@ -1,0 +1,72 @@
+#pragma once
+
+// Backend names (torch.distributed.Backend) and the registry of backend factories through
+// which gloo, mpi and third-party engines are created.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdist/comm/collective_backend.h"
+#include "tdist/store/store.h"
+
+namespace tdist {
+
+/// Creates a backend for one group. The store is private to that group (prefixed).
+using BackendFactory = std::function<CollectiveBackendPtr(
+    const StorePtr& store, int rank, int world_size, std::chrono::milliseconds timeout)>;
+
+/// An enum-like lower-case backend name. Backend("GLOO") == "gloo"; an unknown name throws
+/// InvalidArgument listing the known ones. UNDEFINED exists only as an initial value.
+class Backend {
+ public:
+  static const char* const UNDEFINED;
+  static const char* const GLOO;
+  static const char* const MPI;
+  static const char* const NCCL;
+  static const char* const UCC;
+  static const char* const XCCL;
+
+  Backend() : name_(UNDEFINED) {}
+  /*implicit*/ Backend(const std::string& name);
+  /*implicit*/ Backend(const char* name) : Backend(std::string(name)) {}
+
+  const std::string& str() const { return name_; }
+  operator const std::string&() const { return name_; }
+  bool operator==(const Backend& other) const { return name_ == other.name_; }
+  bool operator!=(const Backend& other) const { return name_ != other.name_; }
+
+  /// Registers a third-party backend under `name` (stored lower-case), for `devices`
+  /// (e.g. {"cpu"}). `extended_api`: the factory takes the full (store, rank, size, timeout)
+  /// signature; kept for parity with torch.distributed, where it selects the newer factory
+  /// signature. Registering an existing name throws.
+  static void register_backend(const std::string& name, BackendFactory factory,
+                               bool extended_api = false,
+                               std::vector<std::string> devices = {"cpu"});
+
+  /// Every registered name, built-in ones included.
+  static std::vector<std::string> backend_list();
+  /// Device types each backend supports.
+  static std::map<std::string, std::vector<std::string>> backend_capability();
+  /// The default backend per device type ("cpu" -> "gloo", "cuda" -> "nccl").
+  static std::map<std::string, std::string> default_device_backend_map();
+
+ private:
+  std::string name_;
+};
+
+namespace detail {
+/// Looks up a registered factory; throws InvalidArgument naming the available backends
+/// (and why a built-in one is unavailable in this build).
+BackendFactory backend_factory(const std::string& name);
+/// True if the named backend is registered and usable in this build.
+bool backend_registered(const std::string& name);
+/// Names of the backends registered (usable) in this process.
+std::vector<std::string> usable_backends();
+/// Device types the named backend serves (empty if unknown).
+std::vector<std::string> backend_devices(const std::string& name);
+}  // namespace detail
+
+}  // namespace tdist

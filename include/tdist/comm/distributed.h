@@ -1,0 +1,128 @@
+#pragma once
+
+// The torch.distributed surface: initialisation, groups and every collective.
+// Ranks given as src/dst are *global* ranks, as in torch.distributed; a null group means
+// the default (world) group. Every collective returns its Work: with async_op=false it has
+// already completed (and thrown on error) when the call returns.
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdist/arg.h"
+#include "tdist/comm/backend.h"
+#include "tdist/comm/process_group.h"
+#include "tdist/comm/types.h"
+#include "tdist/comm/work.h"
+#include "tdist/store/store.h"
+
+namespace tdist {
+
+/// Default collective timeout: 30 minutes (10 for nccl), as torch.distributed.
+constexpr std::chrono::milliseconds kDefaultPgTimeout{std::chrono::minutes(30)};
+constexpr std::chrono::milliseconds kDefaultNcclTimeout{std::chrono::minutes(10)};
+
+bool is_available();
+bool is_initialized();
+bool is_gloo_available();
+bool is_mpi_available();
+bool is_nccl_available();
+bool is_xccl_available();
+/// True when started by tdistrun (TORCHELASTIC_RUN_ID is set).
+bool is_torchelastic_launched();
+/// "cpu" -> "gloo", "cuda" -> "nccl"; throws for device types no backend serves.
+std::string get_default_backend_for_device(const std::string& device);
+
+/// Arguments of init_process_group. Give either an init_method URL (env:// when neither it
+/// nor a store is given; tcp://host:port; file:///path, each accepting ?rank=&world_size=),
+/// or a store with rank and world_size.
+struct InitProcessGroupOptions {
+  /// "gloo", "mpi", "nccl", a registered name, or "cpu:gloo,cuda:nccl". Empty: the default
+  /// backend of every device type this build supports.
+  TDIST_ARG(std::string, backend) = "";
+  TDIST_ARG(std::string, init_method) = "";
+  /// Collective timeout; zero means the backend's default (30 min, 10 for nccl).
+  TDIST_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);
+  TDIST_ARG(int, world_size) = -1;
+  TDIST_ARG(int, rank) = -1;
+  TDIST_ARG(StorePtr, store) = nullptr;
+  /// Deprecated in torch.distributed; accepted and ignored.
+  TDIST_ARG(std::string, group_name) = "";
+  /// Device this process uses ("cpu", "cuda:1"); recorded, used to pick default backends.
+  TDIST_ARG(std::string, device_id) = "";
+};
+
+/// Blocks until all world_size processes have joined. Not thread-safe.
+void init_process_group(const InitProcessGroupOptions& options = {});
+/// Destroys `group`, or every group and the default one when null.
+void destroy_process_group(const ProcessGroupPtr& group = nullptr);
+
+/// The default (world) group; throws if not initialised.
+ProcessGroupPtr group_world();
+
+struct NewGroupOptions {
+  TDIST_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);
+  TDIST_ARG(std::string, backend) = "";
+};
+/// Every rank of the world must call new_group with the same ranks, in the same order of
+/// calls. Non-members receive a group with is_member() == false. Empty ranks: all ranks.
+ProcessGroupPtr new_group(std::vector<int> ranks = {}, const NewGroupOptions& options = {});
+
+int get_rank(const ProcessGroupPtr& group = nullptr);
+int get_world_size(const ProcessGroupPtr& group = nullptr);
+int get_group_rank(const ProcessGroupPtr& group, int global_rank);
+int get_global_rank(const ProcessGroupPtr& group, int group_rank);
+std::string get_backend(const ProcessGroupPtr& group = nullptr);
+
+// ---- collectives ------------------------------------------------------------------------
+
+WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr,
+                  bool async_op = false);
+WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
+                   const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::SUM,
+                             const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr reduce(const at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,
+               const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
+                   const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor& input_tensor,
+                               const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// gather_list is used on dst only (may be empty elsewhere).
+WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list = {}, int dst = 0,
+               const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// scatter_list is used on src only (may be empty elsewhere).
+WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list = {}, int src = 0,
+                const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list,
+                       ReduceOp op = ReduceOp::SUM, const ProcessGroupPtr& group = nullptr,
+                       bool async_op = false);
+WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
+                              ReduceOp op = ReduceOp::SUM, const ProcessGroupPtr& group = nullptr,
+                              bool async_op = false);
+WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
+                   const std::vector<at::Tensor>& input_tensor_list,
+                   const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                          const std::vector<int64_t>& output_split_sizes = {},
+                          const std::vector<int64_t>& input_split_sizes = {},
+                          const ProcessGroupPtr& group = nullptr, bool async_op = false);
+WorkPtr barrier(const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// A barrier that reports which ranks failed to arrive within `timeout` (default: the
+/// group's). With wait_all_ranks, rank 0 collects every missing rank before raising.
+void monitored_barrier(const ProcessGroupPtr& group = nullptr,
+                       std::chrono::milliseconds timeout = kUseGroupTimeout,
+                       bool wait_all_ranks = false);
+
+void send(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = nullptr, int tag = 0);
+/// Returns the sender's global rank.
+int recv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr, int tag = 0);
+WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = nullptr,
+              int tag = 0);
+WorkPtr irecv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr,
+              int tag = 0);
+
+}  // namespace tdist

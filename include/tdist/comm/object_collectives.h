@@ -1,0 +1,30 @@
+#pragma once
+
+// Collectives over plain-data Objects (torch.distributed's *_object functions), without
+// pickle: values travel in the data-only format of object.h. src/dst are global ranks.
+// Each call runs a few tensor collectives on the group's CPU backend.
+
+#include <vector>
+
+#include "tdist/comm/object.h"
+#include "tdist/comm/process_group.h"
+
+namespace tdist {
+
+/// src's object_list replaces every other rank's (resized to src's length).
+void broadcast_object_list(std::vector<Object>& object_list, int src = 0,
+                           const ProcessGroupPtr& group = nullptr);
+/// object_list becomes [obj of group rank 0, obj of group rank 1, ...] on every rank.
+void all_gather_object(std::vector<Object>& object_list, const Object& obj,
+                       const ProcessGroupPtr& group = nullptr);
+/// On dst, object_gather_list becomes every rank's obj in group-rank order; elsewhere it is
+/// left untouched (pass nullptr there).
+void gather_object(const Object& obj, std::vector<Object>* object_gather_list, int dst = 0,
+                   const ProcessGroupPtr& group = nullptr);
+/// src gives one object per group rank in scatter_object_input_list; every rank receives
+/// its own in scatter_object_output_list[0] (the list is resized to 1 if empty).
+void scatter_object_list(std::vector<Object>& scatter_object_output_list,
+                         const std::vector<Object>& scatter_object_input_list, int src = 0,
+                         const ProcessGroupPtr& group = nullptr);
+
+}  // namespace tdist

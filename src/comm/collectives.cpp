@@ -1,0 +1,417 @@
+// The collective free functions of distributed.h: argument checks, global -> group rank
+// translation, the optional TDIST_DEBUG=DETAIL cross-rank check, and async_op semantics.
+
+#include <numeric>
+
+#include "debug_check.h"
+#include "state.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/error.h"
+
+namespace tdist {
+
+namespace {
+
+/// Per-call context: the resolved group and the op name used in every message.
+struct Call {
+  ProcessGroupPtr pg;
+  std::string op;
+
+  Call(const ProcessGroupPtr& group, std::string op_name)
+      : pg(detail::resolve_group(group, op_name)), op(std::move(op_name)) {}
+
+  /// torch.distributed semantics: a non-member's collective is a no-op.
+  bool skip() const { return !pg->is_member(); }
+
+  std::string where() const {
+    return "rank " + std::to_string(pg->global_rank(pg->rank())) + ": " + op;
+  }
+
+  void check_defined(const at::Tensor& t, const std::string& what) const {
+    if (!t.defined()) TDIST_THROW(InvalidArgument, where() + ": " + what + " is undefined");
+  }
+  /// Tensors the collective writes must be contiguous: a copy would not reach the caller.
+  void check_output(const at::Tensor& t, const std::string& what) const {
+    check_defined(t, what);
+    if (!t.is_contiguous()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what +
+                                       " is not contiguous; pass a contiguous tensor "
+                                       "(e.g. t.contiguous()) and copy the result back");
+    }
+  }
+  /// Read-only tensors are made contiguous silently.
+  at::Tensor input(const at::Tensor& t, const std::string& what) const {
+    check_defined(t, what);
+    return t.is_contiguous() ? t : t.contiguous();
+  }
+  void check_like(const at::Tensor& t, const at::Tensor& ref, const std::string& what,
+                  bool same_numel) const {
+    if (t.scalar_type() != ref.scalar_type()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what + " has dtype " +
+                                       std::string(c10::toString(t.scalar_type())) +
+                                       " but the input has " +
+                                       std::string(c10::toString(ref.scalar_type())) +
+                                       "; every tensor of one collective needs the same dtype");
+    }
+    if (t.device() != ref.device()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what + " is on " + t.device().str() +
+                                       " but the input is on " + ref.device().str());
+    }
+    if (same_numel && t.numel() != ref.numel()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what + " has " + std::to_string(t.numel()) +
+                                       " elements but the input has " +
+                                       std::to_string(ref.numel()));
+    }
+  }
+  void check_list_size(size_t n, const std::string& what) const {
+    if (static_cast<int>(n) != pg->size()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what + " has " + std::to_string(n) +
+                                       " tensors but the group has " +
+                                       std::to_string(pg->size()) + " ranks; give one per rank");
+    }
+  }
+  int group_rank_of(int global_rank, const std::string& what) const {
+    try {
+      return pg->group_rank(global_rank);
+    } catch (const InvalidArgument& e) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what + " " + e.what());
+    }
+  }
+
+  template <typename Options>
+  Options options() const {
+    Options opts;
+    opts.timeout = pg->timeout();
+    return opts;
+  }
+
+  void debug(const at::Tensor& t, bool check_shape = true, int root = -1,
+             int reduce_op = -1) const {
+    debug_signature(detail::signature_of(op, t, check_shape, root, reduce_op));
+  }
+  void debug_signature(const detail::CallSignature& sig) const {
+    pg->next_sequence_number();
+    if (pg->debug_detail()) detail::check_call_signature(*pg, sig);
+  }
+
+  WorkPtr finish(WorkPtr work, bool async_op) const {
+    if (!work) TDIST_THROW(DistBackendError, where() + ": the backend returned no work handle");
+    if (async_op) return work;
+    // The backend enforces the group timeout itself; this outer bound only guarantees that a
+    // misbehaving backend cannot block forever.
+    auto bound = pg->timeout() + std::chrono::seconds(5);
+    try {
+      work->wait(bound);
+    } catch (const TimeoutError& e) {
+      TDIST_THROW(TimeoutError, where() + " on process group '" + pg->name() +
+                                    "' (sequence number " +
+                                    std::to_string(pg->sequence_number()) +
+                                    ") did not complete: " + e.what());
+    }
+    return work;
+  }
+};
+
+int reduce_code(ReduceOp op) { return static_cast<int>(op); }
+
+}  // namespace
+
+WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group,
+                  bool async_op) {
+  Call c(group, "broadcast");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(tensor, "tensor");
+  auto opts = c.options<BroadcastOptions>();
+  opts.root = c.group_rank_of(src, "src");
+  c.debug(tensor, true, opts.root);
+  at::Tensor t = tensor;
+  return c.finish(c.pg->backend_for(t).broadcast(t, opts), async_op);
+}
+
+WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroupPtr& group,
+                   bool async_op) {
+  Call c(group, "all_reduce");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(tensor, "tensor");
+  auto opts = c.options<AllreduceOptions>();
+  opts.op = op;
+  c.debug(tensor, true, -1, reduce_code(op));
+  at::Tensor t = tensor;
+  return c.finish(c.pg->backend_for(t).all_reduce(t, opts), async_op);
+}
+
+WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op,
+                             const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "all_reduce_coalesced");
+  if (c.skip()) return completed_work(c.op);
+  TDIST_CHECK_ARG(!tensors.empty(), c.where() + ": the tensor list is empty");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    c.check_output(tensors[i], "tensors[" + std::to_string(i) + "]");
+    c.check_like(tensors[i], tensors[0], "tensors[" + std::to_string(i) + "]", false);
+  }
+  auto opts = c.options<AllreduceOptions>();
+  opts.op = op;
+  {
+    // One fingerprint for the whole list: the element count of each tensor, as one shape.
+    auto sig = detail::signature_of(c.op, tensors[0], true, -1, reduce_code(op));
+    sig.shape.clear();
+    for (const auto& t : tensors) sig.shape.push_back(t.numel());
+    c.debug_signature(sig);
+  }
+  std::vector<at::Tensor> list = tensors;
+  return c.finish(c.pg->backend_for(list[0]).all_reduce_coalesced(list, opts), async_op);
+}
+
+WorkPtr reduce(const at::Tensor& tensor, int dst, ReduceOp op, const ProcessGroupPtr& group,
+               bool async_op) {
+  Call c(group, "reduce");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(tensor, "tensor");
+  auto opts = c.options<ReduceOptions>();
+  opts.op = op;
+  opts.root = c.group_rank_of(dst, "dst");
+  c.debug(tensor, true, opts.root, reduce_code(op));
+  at::Tensor t = tensor;
+  return c.finish(c.pg->backend_for(t).reduce(t, opts), async_op);
+}
+
+WorkPtr all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
+                   const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "all_gather");
+  if (c.skip()) return completed_work(c.op);
+  at::Tensor in = c.input(tensor, "tensor");
+  c.check_list_size(tensor_list.size(), "tensor_list");
+  for (size_t i = 0; i < tensor_list.size(); ++i) {
+    const std::string what = "tensor_list[" + std::to_string(i) + "]";
+    c.check_output(tensor_list[i], what);
+    c.check_like(tensor_list[i], in, what, true);
+  }
+  c.debug(in);
+  return c.finish(c.pg->backend_for(in).all_gather(tensor_list, in, c.options<AllgatherOptions>()),
+                  async_op);
+}
+
+WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor& input_tensor,
+                               const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "all_gather_into_tensor");
+  if (c.skip()) return completed_work(c.op);
+  at::Tensor in = c.input(input_tensor, "input_tensor");
+  c.check_output(output_tensor, "output_tensor");
+  c.check_like(output_tensor, in, "output_tensor", false);
+  if (output_tensor.numel() != in.numel() * c.pg->size()) {
+    TDIST_THROW(InvalidArgument, c.where() + ": output_tensor has " +
+                                     std::to_string(output_tensor.numel()) +
+                                     " elements but must have world size (" +
+                                     std::to_string(c.pg->size()) + ") x input (" +
+                                     std::to_string(in.numel()) + ")");
+  }
+  c.debug(in);
+  at::Tensor out = output_tensor;
+  return c.finish(
+      c.pg->backend_for(in).all_gather_into_tensor(out, in, c.options<AllgatherOptions>()),
+      async_op);
+}
+
+WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, int dst,
+               const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "gather");
+  if (c.skip()) return completed_work(c.op);
+  at::Tensor in = c.input(tensor, "tensor");
+  auto opts = c.options<GatherOptions>();
+  opts.root = c.group_rank_of(dst, "dst");
+  if (opts.root == c.pg->rank()) {
+    c.check_list_size(gather_list.size(), "gather_list");
+    for (size_t i = 0; i < gather_list.size(); ++i) {
+      const std::string what = "gather_list[" + std::to_string(i) + "]";
+      c.check_output(gather_list[i], what);
+      c.check_like(gather_list[i], in, what, true);
+    }
+  } else if (!gather_list.empty()) {
+    TDIST_THROW(InvalidArgument, c.where() + ": gather_list must be empty on ranks other than "
+                                             "dst " + std::to_string(dst));
+  }
+  c.debug(in, true, opts.root);
+  return c.finish(c.pg->backend_for(in).gather(gather_list, in, opts), async_op);
+}
+
+WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, int src,
+                const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "scatter");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(tensor, "tensor");
+  auto opts = c.options<ScatterOptions>();
+  opts.root = c.group_rank_of(src, "src");
+  if (opts.root == c.pg->rank()) {
+    c.check_list_size(scatter_list.size(), "scatter_list");
+    for (size_t i = 0; i < scatter_list.size(); ++i) {
+      const std::string what = "scatter_list[" + std::to_string(i) + "]";
+      scatter_list[i] = c.input(scatter_list[i], what);
+      c.check_like(scatter_list[i], tensor, what, true);
+    }
+  } else if (!scatter_list.empty()) {
+    TDIST_THROW(InvalidArgument, c.where() + ": scatter_list must be empty on ranks other than "
+                                             "src " + std::to_string(src));
+  }
+  c.debug(tensor, true, opts.root);
+  at::Tensor out = tensor;
+  return c.finish(c.pg->backend_for(out).scatter(out, scatter_list, opts), async_op);
+}
+
+WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list,
+                       ReduceOp op, const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "reduce_scatter");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(output, "output");
+  c.check_list_size(input_list.size(), "input_list");
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < input_list.size(); ++i) {
+    const std::string what = "input_list[" + std::to_string(i) + "]";
+    inputs.push_back(c.input(input_list[i], what));
+    c.check_like(inputs.back(), output, what, true);
+  }
+  auto opts = c.options<ReduceScatterOptions>();
+  opts.op = op;
+  c.debug(output, true, -1, reduce_code(op));
+  at::Tensor out = output;
+  return c.finish(c.pg->backend_for(out).reduce_scatter(out, inputs, opts), async_op);
+}
+
+WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                              const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "reduce_scatter_tensor");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(output, "output");
+  at::Tensor in = c.input(input, "input");
+  c.check_like(in, output, "input", false);
+  if (in.numel() != output.numel() * c.pg->size()) {
+    TDIST_THROW(InvalidArgument, c.where() + ": input has " + std::to_string(in.numel()) +
+                                     " elements but must have world size (" +
+                                     std::to_string(c.pg->size()) + ") x output (" +
+                                     std::to_string(output.numel()) + ")");
+  }
+  auto opts = c.options<ReduceScatterOptions>();
+  opts.op = op;
+  c.debug(output, true, -1, reduce_code(op));
+  at::Tensor out = output;
+  return c.finish(c.pg->backend_for(out).reduce_scatter_tensor(out, in, opts), async_op);
+}
+
+WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
+                   const std::vector<at::Tensor>& input_tensor_list, const ProcessGroupPtr& group,
+                   bool async_op) {
+  Call c(group, "all_to_all");
+  if (c.skip()) return completed_work(c.op);
+  c.check_list_size(output_tensor_list.size(), "output_tensor_list");
+  c.check_list_size(input_tensor_list.size(), "input_tensor_list");
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < input_tensor_list.size(); ++i) {
+    inputs.push_back(c.input(input_tensor_list[i], "input_tensor_list[" + std::to_string(i) + "]"));
+    c.check_like(inputs.back(), inputs[0], "input_tensor_list[" + std::to_string(i) + "]", false);
+  }
+  for (size_t i = 0; i < output_tensor_list.size(); ++i) {
+    const std::string what = "output_tensor_list[" + std::to_string(i) + "]";
+    c.check_output(output_tensor_list[i], what);
+    c.check_like(output_tensor_list[i], inputs[0], what, false);
+  }
+  c.debug(inputs[0], false);
+  return c.finish(c.pg->backend_for(inputs[0])
+                      .all_to_all(output_tensor_list, inputs, c.options<AllToAllOptions>()),
+                  async_op);
+}
+
+WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                          const std::vector<int64_t>& output_split_sizes,
+                          const std::vector<int64_t>& input_split_sizes,
+                          const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "all_to_all_single");
+  if (c.skip()) return completed_work(c.op);
+  c.check_output(output, "output");
+  at::Tensor in = c.input(input, "input");
+  c.check_like(output, in, "output", false);
+  auto check_splits = [&](const std::vector<int64_t>& splits, const at::Tensor& t,
+                          const std::string& what) {
+    int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (splits.empty()) {
+      if (rows % c.pg->size() != 0) {
+        TDIST_THROW(InvalidArgument, c.where() + ": " + what + " has " + std::to_string(rows) +
+                                         " rows, not divisible by the group size " +
+                                         std::to_string(c.pg->size()) + "; give split sizes");
+      }
+      return;
+    }
+    c.check_list_size(splits.size(), what + "_split_sizes");
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      TDIST_CHECK_ARG(s >= 0, c.where() + ": " + what + "_split_sizes has a negative entry");
+      sum += s;
+    }
+    if (sum != rows) {
+      TDIST_THROW(InvalidArgument, c.where() + ": " + what + "_split_sizes sum to " +
+                                       std::to_string(sum) + " but " + what + " has " +
+                                       std::to_string(rows) + " rows along dim 0");
+    }
+  };
+  check_splits(output_split_sizes, output, "output");
+  check_splits(input_split_sizes, in, "input");
+  c.debug(in, false);
+  at::Tensor out = output;
+  return c.finish(c.pg->backend_for(in).all_to_all_single(out, in, output_split_sizes,
+                                                          input_split_sizes,
+                                                          c.options<AllToAllOptions>()),
+                  async_op);
+}
+
+WorkPtr barrier(const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "barrier");
+  if (c.skip()) return completed_work(c.op);
+  c.debug(at::Tensor(), false);
+  return c.finish(c.pg->default_backend().barrier(c.options<BarrierOptions>()), async_op);
+}
+
+namespace {
+WorkPtr point_to_point(bool is_send, const at::Tensor& tensor, int peer,
+                       const ProcessGroupPtr& group, int tag) {
+  Call c(group, is_send ? "send" : "recv");
+  if (c.skip()) return completed_work(c.op);
+  const char* role = is_send ? "dst" : "src";
+  int peer_rank = c.group_rank_of(peer, role);
+  if (peer_rank == c.pg->rank()) {
+    TDIST_THROW(InvalidArgument, c.where() + ": " + role + " " + std::to_string(peer) +
+                                     " is this rank itself; a rank cannot " + c.op +
+                                     " to or from itself");
+  }
+  TDIST_CHECK_ARG(tag >= 0, c.where() + ": tag " + std::to_string(tag) + " is negative");
+  auto opts = c.options<SendRecvOptions>();
+  opts.tag_id = tag;
+  if (is_send) {
+    at::Tensor in = c.input(tensor, "tensor");
+    return c.pg->backend_for(in).send(in, peer_rank, opts);
+  }
+  c.check_output(tensor, "tensor");
+  at::Tensor out = tensor;
+  return c.pg->backend_for(out).recv(out, peer_rank, opts);
+}
+}  // namespace
+
+WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group, int tag) {
+  return point_to_point(true, tensor, dst, group, tag);
+}
+
+WorkPtr irecv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, int tag) {
+  return point_to_point(false, tensor, src, group, tag);
+}
+
+void send(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group, int tag) {
+  auto work = isend(tensor, dst, group, tag);
+  auto pg = detail::resolve_group(group, "send");
+  work->wait(pg->timeout() + std::chrono::seconds(5));
+}
+
+int recv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, int tag) {
+  auto work = irecv(tensor, src, group, tag);
+  auto pg = detail::resolve_group(group, "recv");
+  work->wait(pg->timeout() + std::chrono::seconds(5));
+  return src;
+}
+
+}  // namespace tdist

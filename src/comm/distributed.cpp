@@ -1,0 +1,279 @@
+// init_process_group, destroy_process_group, groups and the is_* queries.
+
+#include "tdist/comm/distributed.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "rendezvous.h"
+#include "state.h"
+#include "tdist/error.h"
+#include "tdist/store/prefix_store.h"
+
+namespace tdist {
+
+namespace detail {
+
+namespace {
+std::unique_ptr<WorldState>& state_slot() {
+  static std::unique_ptr<WorldState> state;
+  return state;
+}
+int& init_generation() {
+  static int generation = 0;
+  return generation;
+}
+
+bool debug_detail_from_env() {
+  const char* v = std::getenv("TDIST_DEBUG");
+  if (v == nullptr) v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  if (v == nullptr) return false;
+  std::string s(v);
+  std::transform(s.begin(), s.end(), s.begin(), ::toupper);
+  if (s == "DETAIL") return true;
+  if (s == "OFF" || s == "INFO" || s.empty()) return false;
+  TDIST_THROW(InvalidArgument, "TDIST_DEBUG='" + std::string(v) +
+                                   "' is not a debug level; use OFF, INFO or DETAIL");
+}
+
+std::chrono::milliseconds default_timeout(const std::map<std::string, std::string>& spec) {
+  for (const auto& [device, name] : spec) {
+    if (name == Backend::NCCL) return kDefaultNcclTimeout;
+  }
+  return kDefaultPgTimeout;
+}
+
+/// One backend instance per backend name, shared by the device types it serves.
+void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>& spec,
+                     const StorePtr& group_store, std::chrono::milliseconds timeout) {
+  std::map<std::string, CollectiveBackendPtr> made;
+  for (const auto& [device, name] : spec) {
+    auto it = made.find(name);
+    if (it == made.end()) {
+      auto factory = backend_factory(name);
+      auto store = std::make_shared<PrefixStore>(name, group_store);
+      CollectiveBackendPtr backend = factory(store, pg.rank(), pg.size(), timeout);
+      if (!backend) {
+        TDIST_THROW(DistBackendError, "the factory of backend '" + name + "' returned null");
+      }
+      it = made.emplace(name, std::move(backend)).first;
+    }
+    pg.set_backend(device, name, it->second);
+  }
+}
+
+std::string spec_text(const std::map<std::string, std::string>& spec) {
+  std::set<std::string> names;
+  for (const auto& [device, name] : spec) names.insert(name);
+  if (names.size() == 1) return *names.begin();
+  std::string out;
+  for (const auto& [device, name] : spec) out += (out.empty() ? "" : ",") + device + ":" + name;
+  return out;
+}
+
+/// Keeps rank 0 (which may host the TCP store) alive until every rank is done with the
+/// store. Best effort: a rank that died never arrives, and then rank 0 gives up.
+void exit_barrier(WorldState& state) {
+  if (!state.world || state.world->size() == 1) return;
+  const std::string key = store_prefix(state) + "exit";
+  try {
+    state.store->add(key, 1);
+    if (state.world->rank() != 0) return;
+    auto limit = std::min(state.world->timeout(), std::chrono::milliseconds(30000));
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (state.store->add(key, 0) < state.world->size() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } catch (const std::exception&) {
+    // Peers may already be gone; destroying must not fail for that.
+  }
+}
+
+}  // namespace
+
+WorldState* world_state() { return state_slot().get(); }
+
+std::string store_prefix(const WorldState& state) {
+  return "tdist/" + std::to_string(state.generation) + "/";
+}
+
+ProcessGroupPtr resolve_group(const ProcessGroupPtr& group, const std::string& op) {
+  WorldState* state = world_state();
+  if (state == nullptr) {
+    TDIST_THROW(InvalidArgument, op + " called before init_process_group: the default process "
+                                      "group is not initialised; call "
+                                      "tdist::init_process_group() first");
+  }
+  return group ? group : state->world;
+}
+
+}  // namespace detail
+
+bool is_available() { return true; }
+bool is_initialized() { return detail::world_state() != nullptr; }
+bool is_gloo_available() { return detail::backend_registered(Backend::GLOO); }
+bool is_mpi_available() { return detail::backend_registered(Backend::MPI); }
+bool is_nccl_available() { return detail::backend_registered(Backend::NCCL); }
+bool is_xccl_available() { return detail::backend_registered(Backend::XCCL); }
+bool is_torchelastic_launched() { return std::getenv("TORCHELASTIC_RUN_ID") != nullptr; }
+
+std::string get_default_backend_for_device(const std::string& device) {
+  std::string type = device.substr(0, device.find(':'));
+  std::transform(type.begin(), type.end(), type.begin(), ::tolower);
+  auto defaults = Backend::default_device_backend_map();
+  auto it = defaults.find(type);
+  if (it == defaults.end()) {
+    std::string known;
+    for (const auto& [d, name] : defaults) known += (known.empty() ? "" : ", ") + d;
+    TDIST_THROW(InvalidArgument, "get_default_backend_for_device: no backend serves device '" +
+                                     device + "' (device types with a default: " + known + ")");
+  }
+  return it->second;
+}
+
+void init_process_group(const InitProcessGroupOptions& options) {
+  using detail::WorldState;
+  if (detail::world_state() != nullptr) {
+    TDIST_THROW(InvalidArgument, "init_process_group called twice: the default process group "
+                                 "is already initialised; call destroy_process_group() "
+                                 "before initialising again");
+  }
+  auto spec = detail::parse_backend_spec(options.backend(), options.device_id());
+  for (const auto& [device, name] : spec) detail::backend_factory(name);  // fail before rendezvous
+  TDIST_CHECK_ARG(options.timeout().count() >= 0,
+                  "init_process_group: timeout must not be negative (got " +
+                      std::to_string(options.timeout().count()) + " ms)");
+  auto timeout = options.timeout().count() > 0 ? options.timeout() : detail::default_timeout(spec);
+  bool debug = detail::debug_detail_from_env();
+
+  auto state = std::make_unique<WorldState>();
+  int rank = options.rank();
+  int world_size = options.world_size();
+  TDIST_CHECK_ARG(rank >= -1, "init_process_group: rank=" + std::to_string(rank) +
+                                  " is negative; ranks run from 0 to world_size-1");
+  TDIST_CHECK_ARG(world_size >= -1 && world_size != 0,
+                  "init_process_group: world_size=" + std::to_string(world_size) +
+                      " must be positive");
+  if (options.store()) {
+    TDIST_CHECK_ARG(options.init_method().empty(),
+                    "init_process_group: give either init_method or store, not both");
+    TDIST_CHECK_ARG(rank >= 0 && world_size > 0,
+                    "init_process_group: with an explicit store, rank and world_size must be "
+                    "given (got rank=" + std::to_string(rank) + ", world_size=" +
+                        std::to_string(world_size) + ")");
+    TDIST_CHECK_ARG(rank < world_size, "init_process_group: rank " + std::to_string(rank) +
+                                           " is not below world_size " +
+                                           std::to_string(world_size));
+    state->store = options.store();
+  } else {
+    auto result = detail::rendezvous(options.init_method(), rank, world_size, timeout);
+    state->store = result.store;
+    state->owns_store = true;
+    rank = result.rank;
+    world_size = result.world_size;
+  }
+  state->generation = ++detail::init_generation();
+  state->backend_spec = spec;
+  state->device_id = options.device_id();
+  state->debug_detail = debug;
+  const std::string prefix = detail::store_prefix(*state);
+  detail::register_ranks(*state->store, prefix + "init/", rank, world_size, timeout);
+
+  std::vector<int> ranks(world_size);
+  for (int r = 0; r < world_size; ++r) ranks[r] = r;
+  auto group_store = std::make_shared<PrefixStore>(prefix + "pg/0", state->store);
+  auto world = std::make_shared<ProcessGroup>("0", group_store, rank, ranks, timeout);
+  world->set_debug_detail(debug);
+  detail::create_backends(*world, spec, group_store, timeout);
+  state->world = world;
+  detail::state_slot() = std::move(state);
+}
+
+void destroy_process_group(const ProcessGroupPtr& group) {
+  auto* state = detail::world_state();
+  if (state == nullptr) {
+    TDIST_THROW(InvalidArgument, "destroy_process_group: the default process group is not "
+                                 "initialised (call init_process_group first)");
+  }
+  if (group && group != state->world) {
+    group->release_backends();
+    auto& groups = state->groups;
+    groups.erase(std::remove(groups.begin(), groups.end(), group), groups.end());
+    return;
+  }
+  detail::exit_barrier(*state);
+  for (auto& g : state->groups) g->release_backends();
+  state->world->release_backends();
+  detail::state_slot().reset();
+}
+
+ProcessGroupPtr group_world() { return detail::resolve_group(nullptr, "group_world"); }
+
+ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options) {
+  auto world = detail::resolve_group(nullptr, "new_group");
+  auto& state = *detail::world_state();
+  const int world_size = world->size();
+  if (ranks.empty()) {
+    for (int r = 0; r < world_size; ++r) ranks.push_back(r);
+  }
+  std::set<int> seen;
+  for (int r : ranks) {
+    TDIST_CHECK_ARG(r >= 0 && r < world_size,
+                    "new_group: rank " + std::to_string(r) + " is outside the world [0, " +
+                        std::to_string(world_size) + ")");
+    TDIST_CHECK_ARG(seen.insert(r).second,
+                    "new_group: rank " + std::to_string(r) + " is listed twice");
+  }
+  std::sort(ranks.begin(), ranks.end());
+  TDIST_CHECK_ARG(options.timeout().count() >= 0, "new_group: timeout must not be negative");
+  auto timeout = options.timeout().count() > 0 ? options.timeout() : world->timeout();
+  auto spec = options.backend().empty()
+                  ? state.backend_spec
+                  : detail::parse_backend_spec(options.backend(), state.device_id);
+  for (const auto& [device, name] : spec) detail::backend_factory(name);
+
+  // Every rank counts every group, members or not, so names agree across the world.
+  const std::string name = std::to_string(++state.group_counter);
+  int my_rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == world->rank()) my_rank = static_cast<int>(i);
+  }
+  auto group_store =
+      std::make_shared<PrefixStore>(detail::store_prefix(state) + "pg/" + name, state.store);
+  auto pg = std::make_shared<ProcessGroup>(name, group_store, my_rank, ranks, timeout);
+  pg->set_debug_detail(state.debug_detail);
+  if (my_rank >= 0) detail::create_backends(*pg, spec, group_store, timeout);
+  state.groups.push_back(pg);
+  return pg;
+}
+
+int get_rank(const ProcessGroupPtr& group) {
+  return detail::resolve_group(group, "get_rank")->rank();
+}
+
+int get_world_size(const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "get_world_size");
+  return pg->is_member() ? pg->size() : -1;
+}
+
+int get_group_rank(const ProcessGroupPtr& group, int global_rank) {
+  return detail::resolve_group(group, "get_group_rank")->group_rank(global_rank);
+}
+
+int get_global_rank(const ProcessGroupPtr& group, int group_rank) {
+  return detail::resolve_group(group, "get_global_rank")->global_rank(group_rank);
+}
+
+std::string get_backend(const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "get_backend");
+  TDIST_CHECK_ARG(pg->is_member(), "get_backend: this process is not a member of group '" +
+                                       pg->name() + "'");
+  return detail::spec_text(pg->backend_names());
+}
+
+}  // namespace tdist

@@ -1,0 +1,146 @@
+// Object collectives: serialize (object.h), exchange sizes, then exchange padded byte
+// tensors through the ordinary tensor collectives on the group's CPU backend.
+
+#include "tdist/comm/object_collectives.h"
+
+#include <cstring>
+
+#include <torch/torch.h>
+
+#include "state.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/error.h"
+
+namespace tdist {
+
+namespace {
+
+at::Tensor to_bytes_tensor(const std::vector<uint8_t>& bytes, int64_t padded) {
+  at::Tensor t = torch::zeros({std::max<int64_t>(padded, 1)}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& op, int from) {
+  if (size < 0 || size > t.numel()) {
+    TDIST_THROW(InvalidArgument, op + ": global rank " + std::to_string(from) +
+                                     " reported an object of " + std::to_string(size) +
+                                     " bytes, which does not fit the exchanged buffer");
+  }
+  try {
+    return deserialize_object(t.data_ptr<uint8_t>(), static_cast<size_t>(size));
+  } catch (const InvalidArgument& e) {
+    TDIST_THROW(InvalidArgument,
+                op + ": the object from global rank " + std::to_string(from) + " is corrupt: " + e.what());
+  }
+}
+
+/// All members learn every member's byte count.
+std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg) {
+  at::Tensor in = torch::tensor({mine}, torch::kInt64);
+  at::Tensor out = torch::empty({pg->size()}, torch::kInt64);
+  all_gather_into_tensor(out, in, pg);
+  auto* p = out.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + pg->size());
+}
+
+}  // namespace
+
+void broadcast_object_list(std::vector<Object>& object_list, int src,
+                           const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "broadcast_object_list");
+  if (!pg->is_member()) return;
+  const bool is_src = pg->global_rank(pg->rank()) == src;
+  std::vector<uint8_t> bytes;
+  if (is_src) bytes = serialize_object(Object(object_list));
+  at::Tensor size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  broadcast(size, src, pg);
+  const int64_t n = size.item<int64_t>();
+  at::Tensor data = is_src ? to_bytes_tensor(bytes, n) : torch::empty({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  broadcast(data, src, pg);
+  if (is_src) return;
+  object_list = from_bytes_tensor(data, n, "broadcast_object_list", src).as_list();
+}
+
+void all_gather_object(std::vector<Object>& object_list, const Object& obj,
+                       const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "all_gather_object");
+  if (!pg->is_member()) return;
+  auto bytes = serialize_object(obj);
+  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
+  int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  at::Tensor in = to_bytes_tensor(bytes, max_size);
+  at::Tensor out = torch::empty({pg->size(), in.numel()}, torch::kUInt8);
+  all_gather_into_tensor(out, in, pg);
+  std::vector<Object> result;
+  for (int r = 0; r < pg->size(); ++r) {
+    result.push_back(from_bytes_tensor(out[r], sizes[r], "all_gather_object", pg->global_rank(r)));
+  }
+  object_list = std::move(result);
+}
+
+void gather_object(const Object& obj, std::vector<Object>* object_gather_list, int dst,
+                   const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "gather_object");
+  if (!pg->is_member()) return;
+  const int root = pg->group_rank(dst);
+  const bool is_dst = root == pg->rank();
+  TDIST_CHECK_ARG(!is_dst || object_gather_list != nullptr,
+                  "gather_object: rank " + std::to_string(dst) +
+                      " is dst and must pass an object_gather_list");
+  auto bytes = serialize_object(obj);
+  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
+  int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  at::Tensor in = to_bytes_tensor(bytes, max_size);
+  std::vector<at::Tensor> outputs;
+  if (is_dst) {
+    for (int r = 0; r < pg->size(); ++r) outputs.push_back(torch::empty_like(in));
+  }
+  gather(in, outputs, dst, pg);
+  if (!is_dst) return;
+  std::vector<Object> result;
+  for (int r = 0; r < pg->size(); ++r) {
+    result.push_back(from_bytes_tensor(outputs[r], sizes[r], "gather_object", pg->global_rank(r)));
+  }
+  *object_gather_list = std::move(result);
+}
+
+void scatter_object_list(std::vector<Object>& scatter_object_output_list,
+                         const std::vector<Object>& scatter_object_input_list, int src,
+                         const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "scatter_object_list");
+  if (!pg->is_member()) return;
+  const int root = pg->group_rank(src);
+  const bool is_src = root == pg->rank();
+  std::vector<std::vector<uint8_t>> parts;
+  int64_t max_size = 0;
+  if (is_src) {
+    TDIST_CHECK_ARG(static_cast<int>(scatter_object_input_list.size()) == pg->size(),
+                    "scatter_object_list: src rank " + std::to_string(src) + " gave " +
+                        std::to_string(scatter_object_input_list.size()) +
+                        " objects but the group has " + std::to_string(pg->size()) + " ranks");
+    for (const auto& obj : scatter_object_input_list) {
+      parts.push_back(serialize_object(obj));
+      max_size = std::max<int64_t>(max_size, parts.back().size());
+    }
+  }
+  at::Tensor max_t = torch::tensor({max_size}, torch::kInt64);
+  broadcast(max_t, src, pg);
+  max_size = max_t.item<int64_t>();
+  std::vector<at::Tensor> data_in, size_in;
+  if (is_src) {
+    for (const auto& bytes : parts) {
+      data_in.push_back(to_bytes_tensor(bytes, max_size));
+      size_in.push_back(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64));
+    }
+  }
+  at::Tensor data = torch::empty({std::max<int64_t>(max_size, 1)}, torch::kUInt8);
+  at::Tensor size = torch::empty({1}, torch::kInt64);
+  scatter(size, size_in, src, pg);
+  scatter(data, data_in, src, pg);
+  if (scatter_object_output_list.empty()) scatter_object_output_list.resize(1);
+  scatter_object_output_list[0] =
+      from_bytes_tensor(data, size.item<int64_t>(), "scatter_object_list", src);
+}
+
+}  // namespace tdist

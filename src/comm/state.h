@@ -1,0 +1,39 @@
+#pragma once
+
+// Internal: the process-wide state behind the torch.distributed free functions.
+// init_process_group is not thread-safe (as in torch.distributed): one thread creates and
+// destroys groups; collectives may run from any thread once groups exist.
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdist/comm/process_group.h"
+#include "tdist/store/store.h"
+
+namespace tdist::detail {
+
+struct WorldState {
+  ProcessGroupPtr world;
+  StorePtr store;  // the rendezvous store, shared by every group through prefixes
+  bool owns_store = false;  // created by init_process_group (then rank 0 may host it)
+  std::map<std::string, std::string> backend_spec;  // device type -> backend name
+  std::vector<ProcessGroupPtr> groups;  // made by new_group, in creation order
+  int group_counter = 0;
+  int generation = 0;  // distinguishes successive init_process_group calls
+  std::string device_id;
+  bool debug_detail = false;
+};
+
+/// Null when init_process_group has not run (or the world was destroyed).
+WorldState* world_state();
+
+/// The group to use for `op`: `group` or the world. Throws InvalidArgument when
+/// init_process_group has not run.
+ProcessGroupPtr resolve_group(const ProcessGroupPtr& group, const std::string& op);
+
+/// The key prefix of everything this initialisation keeps in the store.
+std::string store_prefix(const WorldState& state);
+
+}  // namespace tdist::detail
