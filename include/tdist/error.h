@@ -61,7 +61,7 @@ std::string stamp(const char* file, int line, const std::string& message);
   throw ErrorType(::tdist::detail::stamp(__FILE__, __LINE__, (message)))
 
 /// Throws tdist::InvalidArgument unless cond holds.
-#define TDIST_CHECK_ARG(cond, message)                  \
-  do {                                                  \
+#define TDIST_CHECK_ARG(cond, message)                             \
+  do {                                                             \
     if (!(cond)) TDIST_THROW(::tdist::InvalidArgument, (message)); \
   } while (0)

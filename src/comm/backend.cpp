@@ -33,6 +33,7 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, Entry> entries;
   std::map<std::string, std::string> device_defaults{{"cpu", "gloo"}, {"cuda", "nccl"}};
+  std::map<std::string, LaunchBootstrap> bootstraps;
 
   Registry() {
 #ifdef TDIST_HAVE_GLOO_ENGINE
@@ -97,15 +98,15 @@ Backend::Backend(const std::string& name) {
     ok = reg.entries.count(value) > 0;
   }
   if (!ok) {
-    TDIST_THROW(InvalidArgument, "unknown backend '" + name + "'; known backends: " +
-                                     join(backend_list()) +
+    TDIST_THROW(InvalidArgument, "unknown backend '" + name +
+                                     "'; known backends: " + join(backend_list()) +
                                      " (register others with Backend::register_backend)");
   }
   name_ = value;
 }
 
-void Backend::register_backend(const std::string& name, BackendFactory factory,
-                               bool extended_api, std::vector<std::string> devices) {
+void Backend::register_backend(const std::string& name, BackendFactory factory, bool extended_api,
+                               std::vector<std::string> devices) {
   std::string key = lower(name);
   TDIST_CHECK_ARG(!key.empty() && key != UNDEFINED && key.find_first_of(":,") == std::string::npos,
                   "Backend::register_backend: invalid backend name '" + name + "'");
@@ -125,6 +126,14 @@ void Backend::register_backend(const std::string& name, BackendFactory factory,
     if (!reg.device_defaults.count(device)) reg.device_defaults[device] = key;
   }
   reg.entries[key] = Entry{std::move(factory), extended_api, std::move(devices)};
+}
+
+void Backend::register_launch_bootstrap(const std::string& name, LaunchBootstrap bootstrap) {
+  TDIST_CHECK_ARG(bootstrap != nullptr,
+                  "Backend::register_launch_bootstrap: the bootstrap for '" + name + "' is empty");
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  reg.bootstraps[lower(name)] = std::move(bootstrap);
 }
 
 std::vector<std::string> Backend::backend_list() {
@@ -165,13 +174,29 @@ BackendFactory backend_factory(const std::string& name) {
   }
   auto& known = builtin_names();
   if (std::find(known.begin(), known.end(), key) != known.end()) {
-    TDIST_THROW(InvalidArgument, "backend '" + key + "' cannot be used: " +
-                                     unavailable_reason(key) + "; usable backends here: " +
-                                     join(usable_backends()));
+    TDIST_THROW(InvalidArgument, "backend '" + key +
+                                     "' cannot be used: " + unavailable_reason(key) +
+                                     "; usable backends here: " + join(usable_backends()));
   }
-  TDIST_THROW(InvalidArgument, "unknown backend '" + name + "'; usable backends here: " +
-                                   join(usable_backends()) +
+  TDIST_THROW(InvalidArgument, "unknown backend '" + name +
+                                   "'; usable backends here: " + join(usable_backends()) +
                                    " (register others with Backend::register_backend)");
+}
+
+std::optional<LaunchInfo> launch_info_for(const std::vector<std::string>& names,
+                                          std::chrono::milliseconds timeout) {
+  for (const auto& name : names) {
+    LaunchBootstrap bootstrap;
+    {
+      auto& reg = registry();
+      std::lock_guard<std::mutex> lock(reg.mutex);
+      auto it = reg.bootstraps.find(lower(name));
+      if (it == reg.bootstraps.end()) continue;
+      bootstrap = it->second;
+    }
+    if (auto info = bootstrap(timeout)) return info;
+  }
+  return std::nullopt;
 }
 
 bool backend_registered(const std::string& name) {

@@ -28,8 +28,8 @@ std::string CollectiveBackend::broken_reason() const {
 void CollectiveBackend::check_not_broken(const std::string& op) const {
   auto reason = broken_reason();
   if (!reason.empty()) {
-    TDIST_THROW(DistBackendError, "rank " + std::to_string(rank_) + ": " + op +
-                                      " refused: the " + name() +
+    TDIST_THROW(DistBackendError, "rank " + std::to_string(rank_) + ": " + op + " refused: the " +
+                                      name() +
                                       " process group is broken after an earlier failure (" +
                                       reason + "); destroy it and re-initialise");
   }
@@ -41,8 +41,7 @@ WorkPtr CollectiveBackend::broadcast(at::Tensor&, const BroadcastOptions&) {
 WorkPtr CollectiveBackend::all_reduce(at::Tensor&, const AllreduceOptions&) {
   throw_unsupported("all_reduce");
 }
-WorkPtr CollectiveBackend::all_reduce_coalesced(std::vector<at::Tensor>&,
-                                                const AllreduceOptions&) {
+WorkPtr CollectiveBackend::all_reduce_coalesced(std::vector<at::Tensor>&, const AllreduceOptions&) {
   throw_unsupported("all_reduce_coalesced");
 }
 WorkPtr CollectiveBackend::reduce(at::Tensor&, const ReduceOptions&) {
@@ -81,7 +80,9 @@ WorkPtr CollectiveBackend::all_to_all_single(at::Tensor&, const at::Tensor&,
                                              const std::vector<int64_t>&, const AllToAllOptions&) {
   throw_unsupported("all_to_all_single");
 }
-WorkPtr CollectiveBackend::barrier(const BarrierOptions&) { throw_unsupported("barrier"); }
+WorkPtr CollectiveBackend::barrier(const BarrierOptions&) {
+  throw_unsupported("barrier");
+}
 WorkPtr CollectiveBackend::send(const at::Tensor&, int, const SendRecvOptions&) {
   throw_unsupported("send");
 }

@@ -66,8 +66,8 @@ struct Call {
   void check_list_size(size_t n, const std::string& what) const {
     if (static_cast<int>(n) != pg->size()) {
       TDIST_THROW(InvalidArgument, where() + ": " + what + " has " + std::to_string(n) +
-                                       " tensors but the group has " +
-                                       std::to_string(pg->size()) + " ranks; give one per rank");
+                                       " tensors but the group has " + std::to_string(pg->size()) +
+                                       " ranks; give one per rank");
     }
   }
   int group_rank_of(int global_rank, const std::string& what) const {
@@ -104,20 +104,20 @@ struct Call {
       work->wait(bound);
     } catch (const TimeoutError& e) {
       TDIST_THROW(TimeoutError, where() + " on process group '" + pg->name() +
-                                    "' (sequence number " +
-                                    std::to_string(pg->sequence_number()) +
+                                    "' (sequence number " + std::to_string(pg->sequence_number()) +
                                     ") did not complete: " + e.what());
     }
     return work;
   }
 };
 
-int reduce_code(ReduceOp op) { return static_cast<int>(op); }
+int reduce_code(ReduceOp op) {
+  return static_cast<int>(op);
+}
 
 }  // namespace
 
-WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group,
-                  bool async_op) {
+WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, bool async_op) {
   Call c(group, "broadcast");
   if (c.skip()) return completed_work(c.op);
   c.check_output(tensor, "tensor");
@@ -199,11 +199,10 @@ WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor
   c.check_output(output_tensor, "output_tensor");
   c.check_like(output_tensor, in, "output_tensor", false);
   if (output_tensor.numel() != in.numel() * c.pg->size()) {
-    TDIST_THROW(InvalidArgument, c.where() + ": output_tensor has " +
-                                     std::to_string(output_tensor.numel()) +
-                                     " elements but must have world size (" +
-                                     std::to_string(c.pg->size()) + ") x input (" +
-                                     std::to_string(in.numel()) + ")");
+    TDIST_THROW(InvalidArgument,
+                c.where() + ": output_tensor has " + std::to_string(output_tensor.numel()) +
+                    " elements but must have world size (" + std::to_string(c.pg->size()) +
+                    ") x input (" + std::to_string(in.numel()) + ")");
   }
   c.debug(in);
   at::Tensor out = output_tensor;
@@ -227,8 +226,10 @@ WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, in
       c.check_like(gather_list[i], in, what, true);
     }
   } else if (!gather_list.empty()) {
-    TDIST_THROW(InvalidArgument, c.where() + ": gather_list must be empty on ranks other than "
-                                             "dst " + std::to_string(dst));
+    TDIST_THROW(InvalidArgument, c.where() +
+                                     ": gather_list must be empty on ranks other than "
+                                     "dst " +
+                                     std::to_string(dst));
   }
   c.debug(in, true, opts.root);
   return c.finish(c.pg->backend_for(in).gather(gather_list, in, opts), async_op);
@@ -249,8 +250,10 @@ WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, 
       c.check_like(scatter_list[i], tensor, what, true);
     }
   } else if (!scatter_list.empty()) {
-    TDIST_THROW(InvalidArgument, c.where() + ": scatter_list must be empty on ranks other than "
-                                             "src " + std::to_string(src));
+    TDIST_THROW(InvalidArgument, c.where() +
+                                     ": scatter_list must be empty on ranks other than "
+                                     "src " +
+                                     std::to_string(src));
   }
   c.debug(tensor, true, opts.root);
   at::Tensor out = tensor;
@@ -314,8 +317,8 @@ WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
     c.check_like(output_tensor_list[i], inputs[0], what, false);
   }
   c.debug(inputs[0], false);
-  return c.finish(c.pg->backend_for(inputs[0])
-                      .all_to_all(output_tensor_list, inputs, c.options<AllToAllOptions>()),
+  return c.finish(c.pg->backend_for(inputs[0]).all_to_all(output_tensor_list, inputs,
+                                                          c.options<AllToAllOptions>()),
                   async_op);
 }
 
@@ -355,9 +358,8 @@ WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
   check_splits(input_split_sizes, in, "input");
   c.debug(in, false);
   at::Tensor out = output;
-  return c.finish(c.pg->backend_for(in).all_to_all_single(out, in, output_split_sizes,
-                                                          input_split_sizes,
-                                                          c.options<AllToAllOptions>()),
+  return c.finish(c.pg->backend_for(in).all_to_all_single(
+                      out, in, output_split_sizes, input_split_sizes, c.options<AllToAllOptions>()),
                   async_op);
 }
 

@@ -11,13 +11,32 @@ namespace {
 constexpr int64_t kMagic = 0x7d15c0de;
 constexpr int kMaxDims = 12;
 // Layout of one fingerprint.
-enum Field : int { kMagicF, kOp, kDtype, kCheckShape, kRoot, kReduceOp, kNdim, kDims, kFields = kDims + kMaxDims };
+enum Field : int {
+  kMagicF,
+  kOp,
+  kDtype,
+  kCheckShape,
+  kRoot,
+  kReduceOp,
+  kNdim,
+  kDims,
+  kFields = kDims + kMaxDims
+};
 
 const std::vector<std::string>& op_names() {
-  static const std::vector<std::string> names{
-      "broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather",
-      "all_gather_into_tensor", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
-      "all_to_all", "all_to_all_single", "barrier"};
+  static const std::vector<std::string> names{"broadcast",
+                                              "all_reduce",
+                                              "all_reduce_coalesced",
+                                              "reduce",
+                                              "all_gather",
+                                              "all_gather_into_tensor",
+                                              "gather",
+                                              "scatter",
+                                              "reduce_scatter",
+                                              "reduce_scatter_tensor",
+                                              "all_to_all",
+                                              "all_to_all_single",
+                                              "barrier"};
   return names;
 }
 
@@ -26,7 +45,7 @@ int64_t op_code(const std::string& op) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == op) return static_cast<int64_t>(i);
   }
-  return static_cast<int64_t>(std::hash<std::string>{}(op) & 0xffffff) + 1000;
+  return static_cast<int64_t>(std::hash<std::string>{}(op)&0xffffff) + 1000;
 }
 
 std::vector<int64_t> fingerprint(const CallSignature& s) {
@@ -102,12 +121,13 @@ void check_call_signature(ProcessGroup& pg, const CallSignature& signature) {
   for (int r = 1; r < pg.size(); ++r) {
     if (!std::equal(all, all + kFields, all + r * kFields)) {
       TDIST_THROW(DistBackendError,
-                  "rank " + std::to_string(pg.rank()) + ": TDIST_DEBUG=DETAIL found a collective "
-                  "mismatch in process group '" + pg.name() + "' at sequence number " +
-                      std::to_string(pg.sequence_number()) + ": global rank " +
-                      std::to_string(pg.global_rank(0)) + " called " + describe(all) +
-                      " but global rank " + std::to_string(pg.global_rank(r)) + " called " +
-                      describe(all + r * kFields) +
+                  "rank " + std::to_string(pg.rank()) +
+                      ": TDIST_DEBUG=DETAIL found a collective "
+                      "mismatch in process group '" +
+                      pg.name() + "' at sequence number " + std::to_string(pg.sequence_number()) +
+                      ": global rank " + std::to_string(pg.global_rank(0)) + " called " +
+                      describe(all) + " but global rank " + std::to_string(pg.global_rank(r)) +
+                      " called " + describe(all + r * kFields) +
                       "; every rank must issue the same collectives in the same order with "
                       "matching dtypes and shapes");
     }

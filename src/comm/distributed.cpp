@@ -36,8 +36,8 @@ bool debug_detail_from_env() {
   std::transform(s.begin(), s.end(), s.begin(), ::toupper);
   if (s == "DETAIL") return true;
   if (s == "OFF" || s == "INFO" || s.empty()) return false;
-  TDIST_THROW(InvalidArgument, "TDIST_DEBUG='" + std::string(v) +
-                                   "' is not a debug level; use OFF, INFO or DETAIL");
+  TDIST_THROW(InvalidArgument,
+              "TDIST_DEBUG='" + std::string(v) + "' is not a debug level; use OFF, INFO or DETAIL");
 }
 
 std::chrono::milliseconds default_timeout(const std::map<std::string, std::string>& spec) {
@@ -96,7 +96,9 @@ void exit_barrier(WorldState& state) {
 
 }  // namespace
 
-WorldState* world_state() { return state_slot().get(); }
+WorldState* world_state() {
+  return state_slot().get();
+}
 
 std::string store_prefix(const WorldState& state) {
   return "tdist/" + std::to_string(state.generation) + "/";
@@ -114,13 +116,27 @@ ProcessGroupPtr resolve_group(const ProcessGroupPtr& group, const std::string& o
 
 }  // namespace detail
 
-bool is_available() { return true; }
-bool is_initialized() { return detail::world_state() != nullptr; }
-bool is_gloo_available() { return detail::backend_registered(Backend::GLOO); }
-bool is_mpi_available() { return detail::backend_registered(Backend::MPI); }
-bool is_nccl_available() { return detail::backend_registered(Backend::NCCL); }
-bool is_xccl_available() { return detail::backend_registered(Backend::XCCL); }
-bool is_torchelastic_launched() { return std::getenv("TORCHELASTIC_RUN_ID") != nullptr; }
+bool is_available() {
+  return true;
+}
+bool is_initialized() {
+  return detail::world_state() != nullptr;
+}
+bool is_gloo_available() {
+  return detail::backend_registered(Backend::GLOO);
+}
+bool is_mpi_available() {
+  return detail::backend_registered(Backend::MPI);
+}
+bool is_nccl_available() {
+  return detail::backend_registered(Backend::NCCL);
+}
+bool is_xccl_available() {
+  return detail::backend_registered(Backend::XCCL);
+}
+bool is_torchelastic_launched() {
+  return std::getenv("TORCHELASTIC_RUN_ID") != nullptr;
+}
 
 std::string get_default_backend_for_device(const std::string& device) {
   std::string type = device.substr(0, device.find(':'));
@@ -139,9 +155,10 @@ std::string get_default_backend_for_device(const std::string& device) {
 void init_process_group(const InitProcessGroupOptions& options) {
   using detail::WorldState;
   if (detail::world_state() != nullptr) {
-    TDIST_THROW(InvalidArgument, "init_process_group called twice: the default process group "
-                                 "is already initialised; call destroy_process_group() "
-                                 "before initialising again");
+    TDIST_THROW(InvalidArgument,
+                "init_process_group called twice: the default process group "
+                "is already initialised; call destroy_process_group() "
+                "before initialising again");
   }
   auto spec = detail::parse_backend_spec(options.backend(), options.device_id());
   for (const auto& [device, name] : spec) detail::backend_factory(name);  // fail before rendezvous
@@ -156,26 +173,40 @@ void init_process_group(const InitProcessGroupOptions& options) {
   int world_size = options.world_size();
   TDIST_CHECK_ARG(rank >= -1, "init_process_group: rank=" + std::to_string(rank) +
                                   " is negative; ranks run from 0 to world_size-1");
-  TDIST_CHECK_ARG(world_size >= -1 && world_size != 0,
-                  "init_process_group: world_size=" + std::to_string(world_size) +
-                      " must be positive");
+  TDIST_CHECK_ARG(
+      world_size >= -1 && world_size != 0,
+      "init_process_group: world_size=" + std::to_string(world_size) + " must be positive");
   if (options.store()) {
     TDIST_CHECK_ARG(options.init_method().empty(),
                     "init_process_group: give either init_method or store, not both");
     TDIST_CHECK_ARG(rank >= 0 && world_size > 0,
                     "init_process_group: with an explicit store, rank and world_size must be "
-                    "given (got rank=" + std::to_string(rank) + ", world_size=" +
-                        std::to_string(world_size) + ")");
+                    "given (got rank=" +
+                        std::to_string(rank) + ", world_size=" + std::to_string(world_size) + ")");
     TDIST_CHECK_ARG(rank < world_size, "init_process_group: rank " + std::to_string(rank) +
                                            " is not below world_size " +
                                            std::to_string(world_size));
     state->store = options.store();
   } else {
-    auto result = detail::rendezvous(options.init_method(), rank, world_size, timeout);
-    state->store = result.store;
+    // Started by a backend's own launcher (mpirun) with nothing else given: ask it.
+    std::optional<LaunchInfo> launched;
+    if (options.init_method().empty() && rank < 0 && world_size < 0 &&
+        std::getenv("RANK") == nullptr) {
+      std::vector<std::string> names;
+      for (const auto& [device, name] : spec) names.push_back(name);
+      launched = detail::launch_info_for(names, timeout);
+    }
+    if (launched) {
+      state->store = launched->store;
+      rank = launched->rank;
+      world_size = launched->world_size;
+    } else {
+      auto result = detail::rendezvous(options.init_method(), rank, world_size, timeout);
+      state->store = result.store;
+      rank = result.rank;
+      world_size = result.world_size;
+    }
     state->owns_store = true;
-    rank = result.rank;
-    world_size = result.world_size;
   }
   state->generation = ++detail::init_generation();
   state->backend_spec = spec;
@@ -197,8 +228,9 @@ void init_process_group(const InitProcessGroupOptions& options) {
 void destroy_process_group(const ProcessGroupPtr& group) {
   auto* state = detail::world_state();
   if (state == nullptr) {
-    TDIST_THROW(InvalidArgument, "destroy_process_group: the default process group is not "
-                                 "initialised (call init_process_group first)");
+    TDIST_THROW(InvalidArgument,
+                "destroy_process_group: the default process group is not "
+                "initialised (call init_process_group first)");
   }
   if (group && group != state->world) {
     group->release_backends();
@@ -212,7 +244,9 @@ void destroy_process_group(const ProcessGroupPtr& group) {
   detail::state_slot().reset();
 }
 
-ProcessGroupPtr group_world() { return detail::resolve_group(nullptr, "group_world"); }
+ProcessGroupPtr group_world() {
+  return detail::resolve_group(nullptr, "group_world");
+}
 
 ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options) {
   auto world = detail::resolve_group(nullptr, "new_group");
@@ -223,9 +257,9 @@ ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options
   }
   std::set<int> seen;
   for (int r : ranks) {
-    TDIST_CHECK_ARG(r >= 0 && r < world_size,
-                    "new_group: rank " + std::to_string(r) + " is outside the world [0, " +
-                        std::to_string(world_size) + ")");
+    TDIST_CHECK_ARG(r >= 0 && r < world_size, "new_group: rank " + std::to_string(r) +
+                                                  " is outside the world [0, " +
+                                                  std::to_string(world_size) + ")");
     TDIST_CHECK_ARG(seen.insert(r).second,
                     "new_group: rank " + std::to_string(r) + " is listed twice");
   }
@@ -271,8 +305,8 @@ int get_global_rank(const ProcessGroupPtr& group, int group_rank) {
 
 std::string get_backend(const ProcessGroupPtr& group) {
   auto pg = detail::resolve_group(group, "get_backend");
-  TDIST_CHECK_ARG(pg->is_member(), "get_backend: this process is not a member of group '" +
-                                       pg->name() + "'");
+  TDIST_CHECK_ARG(pg->is_member(),
+                  "get_backend: this process is not a member of group '" + pg->name() + "'");
   return detail::spec_text(pg->backend_names());
 }
 

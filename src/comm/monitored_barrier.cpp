@@ -46,10 +46,12 @@ void monitored_barrier(const ProcessGroupPtr& group, std::chrono::milliseconds t
     // Rank 0 may itself wait the whole timeout for a missing peer; give it time to report.
     auto report_deadline = deadline + std::min(timeout, std::chrono::milliseconds(5000));
     if (!poll_until(report_deadline, [&] { return store.check({result_key}); })) {
-      TDIST_THROW(TimeoutError, "rank " + std::to_string(my_global) + ": monitored_barrier on "
-                                "process group '" + pg->name() + "': group rank 0 (global rank " +
-                                    std::to_string(pg->global_rank(0)) + ") did not respond within " +
-                                    ms);
+      TDIST_THROW(TimeoutError, "rank " + std::to_string(my_global) +
+                                    ": monitored_barrier on "
+                                    "process group '" +
+                                    pg->name() + "': group rank 0 (global rank " +
+                                    std::to_string(pg->global_rank(0)) +
+                                    ") did not respond within " + ms);
     }
     std::string result = store.get_string(result_key);
     if (result != kOk) {
@@ -76,9 +78,11 @@ void monitored_barrier(const ProcessGroupPtr& group, std::chrono::milliseconds t
   }
   std::string msg = "monitored_barrier on process group '" + pg->name() + "' timed out after " +
                     ms + ": " + (missing.size() == 1 ? "rank " : "ranks ") + names +
-                    (missing.size() == 1 ? " did" : " did") +
-                    " not arrive (global ranks" + (wait_all_ranks ? "" : "; the first missing "
-                    "one shown, pass wait_all_ranks=true to list all") + ")";
+                    (missing.size() == 1 ? " did" : " did") + " not arrive (global ranks" +
+                    (wait_all_ranks ? ""
+                                    : "; the first missing "
+                                      "one shown, pass wait_all_ranks=true to list all") +
+                    ")";
   store.set(result_key, msg);
   TDIST_THROW(TimeoutError, "rank " + std::to_string(my_global) + ": " + msg);
 }

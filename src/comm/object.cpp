@@ -26,11 +26,11 @@ constexpr int kMaxDims = 32;
 enum Tag : uint8_t { kNull, kBool, kInt, kDouble, kString, kTensor, kList, kDict };
 
 const std::vector<c10::ScalarType>& dtype_codes() {
-  static const std::vector<c10::ScalarType> codes{
-      c10::ScalarType::Float, c10::ScalarType::Double, c10::ScalarType::Half,
-      c10::ScalarType::BFloat16, c10::ScalarType::Byte, c10::ScalarType::Char,
-      c10::ScalarType::Short, c10::ScalarType::Int, c10::ScalarType::Long,
-      c10::ScalarType::Bool};
+  static const std::vector<c10::ScalarType> codes{c10::ScalarType::Float, c10::ScalarType::Double,
+                                                  c10::ScalarType::Half,  c10::ScalarType::BFloat16,
+                                                  c10::ScalarType::Byte,  c10::ScalarType::Char,
+                                                  c10::ScalarType::Short, c10::ScalarType::Int,
+                                                  c10::ScalarType::Long,  c10::ScalarType::Bool};
   return codes;
 }
 
@@ -55,8 +55,8 @@ class Writer {
 
   void value(const Object& v, int depth) {
     if (depth > kMaxDepth) {
-      TDIST_THROW(InvalidArgument, "serialize_object: nesting deeper than " +
-                                       std::to_string(kMaxDepth) + " levels");
+      TDIST_THROW(InvalidArgument,
+                  "serialize_object: nesting deeper than " + std::to_string(kMaxDepth) + " levels");
     }
     switch (v.kind()) {
       case Object::Kind::kNull:
@@ -102,8 +102,7 @@ class Writer {
     const auto& codes = dtype_codes();
     auto it = std::find(codes.begin(), codes.end(), t.scalar_type());
     TDIST_CHECK_ARG(it != codes.end(), std::string("serialize_object: tensors of dtype ") +
-                                           c10::toString(t.scalar_type()) +
-                                           " are not supported");
+                                           c10::toString(t.scalar_type()) + " are not supported");
     TDIST_CHECK_ARG(t.dim() <= kMaxDims, "serialize_object: tensor has more than " +
                                              std::to_string(kMaxDims) + " dimensions");
     at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
@@ -253,32 +252,51 @@ class Reader {
 };
 
 const char* kind_text(Object::Kind k) {
-  static const char* names[] = {"null", "bool", "int", "double", "string", "tensor", "list",
-                                "dict"};
+  static const char* names[] = {"null",   "bool",   "int",  "double",
+                                "string", "tensor", "list", "dict"};
   return names[static_cast<int>(k)];
 }
 
 }  // namespace
 
-std::string Object::kind_name() const { return kind_text(kind()); }
+std::string Object::kind_name() const {
+  return kind_text(kind());
+}
 
-#define TDIST_OBJECT_GET(kind_enum, type)                                                 \
-  if (kind() != Kind::kind_enum) {                                                        \
-    TDIST_THROW(InvalidArgument, std::string("Object: expected ") +                      \
-                                     kind_text(Kind::kind_enum) + " but it holds " +      \
-                                     kind_name());                                        \
-  }                                                                                       \
+#define TDIST_OBJECT_GET(kind_enum, type)                                                        \
+  if (kind() != Kind::kind_enum) {                                                               \
+    TDIST_THROW(InvalidArgument, std::string("Object: expected ") + kind_text(Kind::kind_enum) + \
+                                     " but it holds " + kind_name());                            \
+  }                                                                                              \
   return std::get<type>(value_)
 
-bool Object::as_bool() const { TDIST_OBJECT_GET(kBool, bool); }
-int64_t Object::as_int() const { TDIST_OBJECT_GET(kInt, int64_t); }
-double Object::as_double() const { TDIST_OBJECT_GET(kDouble, double); }
-const std::string& Object::as_string() const { TDIST_OBJECT_GET(kString, std::string); }
-const at::Tensor& Object::as_tensor() const { TDIST_OBJECT_GET(kTensor, at::Tensor); }
-const Object::List& Object::as_list() const { TDIST_OBJECT_GET(kList, List); }
-Object::List& Object::as_list() { TDIST_OBJECT_GET(kList, List); }
-const Object::Dict& Object::as_dict() const { TDIST_OBJECT_GET(kDict, Dict); }
-Object::Dict& Object::as_dict() { TDIST_OBJECT_GET(kDict, Dict); }
+bool Object::as_bool() const {
+  TDIST_OBJECT_GET(kBool, bool);
+}
+int64_t Object::as_int() const {
+  TDIST_OBJECT_GET(kInt, int64_t);
+}
+double Object::as_double() const {
+  TDIST_OBJECT_GET(kDouble, double);
+}
+const std::string& Object::as_string() const {
+  TDIST_OBJECT_GET(kString, std::string);
+}
+const at::Tensor& Object::as_tensor() const {
+  TDIST_OBJECT_GET(kTensor, at::Tensor);
+}
+const Object::List& Object::as_list() const {
+  TDIST_OBJECT_GET(kList, List);
+}
+Object::List& Object::as_list() {
+  TDIST_OBJECT_GET(kList, List);
+}
+const Object::Dict& Object::as_dict() const {
+  TDIST_OBJECT_GET(kDict, Dict);
+}
+Object::Dict& Object::as_dict() {
+  TDIST_OBJECT_GET(kDict, Dict);
+}
 #undef TDIST_OBJECT_GET
 
 const Object& Object::at(const std::string& key) const {

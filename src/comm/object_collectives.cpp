@@ -30,8 +30,8 @@ Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& o
   try {
     return deserialize_object(t.data_ptr<uint8_t>(), static_cast<size_t>(size));
   } catch (const InvalidArgument& e) {
-    TDIST_THROW(InvalidArgument,
-                op + ": the object from global rank " + std::to_string(from) + " is corrupt: " + e.what());
+    TDIST_THROW(InvalidArgument, op + ": the object from global rank " + std::to_string(from) +
+                                     " is corrupt: " + e.what());
   }
 }
 
@@ -56,7 +56,8 @@ void broadcast_object_list(std::vector<Object>& object_list, int src,
   at::Tensor size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
   broadcast(size, src, pg);
   const int64_t n = size.item<int64_t>();
-  at::Tensor data = is_src ? to_bytes_tensor(bytes, n) : torch::empty({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  at::Tensor data =
+      is_src ? to_bytes_tensor(bytes, n) : torch::empty({std::max<int64_t>(n, 1)}, torch::kUInt8);
   broadcast(data, src, pg);
   if (is_src) return;
   object_list = from_bytes_tensor(data, n, "broadcast_object_list", src).as_list();
@@ -85,9 +86,9 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
   if (!pg->is_member()) return;
   const int root = pg->group_rank(dst);
   const bool is_dst = root == pg->rank();
-  TDIST_CHECK_ARG(!is_dst || object_gather_list != nullptr,
-                  "gather_object: rank " + std::to_string(dst) +
-                      " is dst and must pass an object_gather_list");
+  TDIST_CHECK_ARG(
+      !is_dst || object_gather_list != nullptr,
+      "gather_object: rank " + std::to_string(dst) + " is dst and must pass an object_gather_list");
   auto bytes = serialize_object(obj);
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());

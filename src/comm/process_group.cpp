@@ -23,14 +23,15 @@ int ProcessGroup::group_rank(int global_rank) const {
   std::string members;
   for (int r : global_ranks_) members += (members.empty() ? "" : ",") + std::to_string(r);
   TDIST_THROW(InvalidArgument, "global rank " + std::to_string(global_rank) +
-                                   " is not a member of process group '" + name_ +
-                                   "' (members: [" + members + "])");
+                                   " is not a member of process group '" + name_ + "' (members: [" +
+                                   members + "])");
 }
 
 int ProcessGroup::global_rank(int group_rank) const {
   TDIST_CHECK_ARG(group_rank >= 0 && group_rank < size(),
-                  "group rank " + std::to_string(group_rank) + " is out of range for process group '" +
-                      name_ + "' of size " + std::to_string(size()));
+                  "group rank " + std::to_string(group_rank) +
+                      " is out of range for process group '" + name_ + "' of size " +
+                      std::to_string(size()));
   return global_ranks_[group_rank];
 }
 
@@ -42,8 +43,8 @@ std::map<std::string, std::string> ProcessGroup::backend_names() const {
 
 void ProcessGroup::set_backend(const std::string& device_type, const std::string& backend_name,
                                CollectiveBackendPtr backend) {
-  TDIST_CHECK_ARG(backend != nullptr, "ProcessGroup::set_backend: null backend for device '" +
-                                          device_type + "'");
+  TDIST_CHECK_ARG(backend != nullptr,
+                  "ProcessGroup::set_backend: null backend for device '" + device_type + "'");
   backends_[device_type] = {backend_name, std::move(backend)};
 }
 
@@ -68,11 +69,11 @@ CollectiveBackend& ProcessGroup::backend(const std::string& device_type) const {
     for (const auto& [device, entry] : backends_) {
       configured += (configured.empty() ? "" : ",") + device + ":" + entry.first;
     }
-    TDIST_THROW(InvalidArgument, "process group '" + name_ + "' has no backend for device type '" +
-                                     device_type + "' (configured: " +
-                                     (configured.empty() ? "none" : configured) +
-                                     "); move the tensor to a served device or initialise "
-                                     "with e.g. backend \"cpu:gloo,cuda:nccl\"");
+    TDIST_THROW(InvalidArgument,
+                "process group '" + name_ + "' has no backend for device type '" + device_type +
+                    "' (configured: " + (configured.empty() ? "none" : configured) +
+                    "); move the tensor to a served device or initialise "
+                    "with e.g. backend \"cpu:gloo,cuda:nccl\"");
   }
   return *it->second.second;
 }

@@ -16,10 +16,10 @@ namespace tdist::detail {
 
 struct WorldState {
   ProcessGroupPtr world;
-  StorePtr store;  // the rendezvous store, shared by every group through prefixes
+  StorePtr store;           // the rendezvous store, shared by every group through prefixes
   bool owns_store = false;  // created by init_process_group (then rank 0 may host it)
   std::map<std::string, std::string> backend_spec;  // device type -> backend name
-  std::vector<ProcessGroupPtr> groups;  // made by new_group, in creation order
+  std::vector<ProcessGroupPtr> groups;              // made by new_group, in creation order
   int group_counter = 0;
   int generation = 0;  // distinguishes successive init_process_group calls
   std::string device_id;

@@ -45,7 +45,9 @@ void Work::then(std::function<void(Work&)> callback) {
   callback(*this);
 }
 
-void Work::finish() { finish_with_error(nullptr); }
+void Work::finish() {
+  finish_with_error(nullptr);
+}
 
 void Work::finish_with_error(std::exception_ptr error) {
   std::vector<std::function<void(Work&)>> callbacks;

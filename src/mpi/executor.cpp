@@ -65,8 +65,8 @@ WorkPtr Executor::submit(std::string description, std::vector<at::Tensor> output
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stop_) TDIST_THROW(DistBackendError, "mpi: " + description + " after MPI_Finalize");
-    queue_.push_back(Task{std::move(description), work, std::move(start), deadline,
-                          std::move(on_failure)});
+    queue_.push_back(
+        Task{std::move(description), work, std::move(start), deadline, std::move(on_failure)});
   }
   cv_.notify_all();
   return work;
@@ -105,8 +105,8 @@ void Executor::poll_pending() {
     try {
       if (!p.op.requests.empty()) {
         int flag = 0;
-        check_mpi(MPI_Testall(static_cast<int>(p.op.requests.size()), p.op.requests.data(),
-                              &flag, MPI_STATUSES_IGNORE),
+        check_mpi(MPI_Testall(static_cast<int>(p.op.requests.size()), p.op.requests.data(), &flag,
+                              MPI_STATUSES_IGNORE),
                   p.task.description);
         done = flag != 0;
       }
@@ -114,12 +114,11 @@ void Executor::poll_pending() {
         if (p.op.on_complete) p.op.on_complete();
         p.task.work->finish();
       } else if (now > p.task.deadline) {
-        const std::string reason =
-            p.task.description + " did not complete before its timeout (a peer is slow, "
-                                 "stopped or issued a different collective)";
+        const std::string reason = p.task.description +
+                                   " did not complete before its timeout (a peer is slow, "
+                                   "stopped or issued a different collective)";
         if (p.task.on_failure) p.task.on_failure(reason);
-        p.task.work->finish_with_error(
-            std::make_exception_ptr(TimeoutError("mpi: " + reason)));
+        p.task.work->finish_with_error(std::make_exception_ptr(TimeoutError("mpi: " + reason)));
         abandoned_.splice(abandoned_.end(), pending_, it++);
         continue;
       }

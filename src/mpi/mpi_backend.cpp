@@ -33,23 +33,21 @@ int checked_count(int64_t numel, const char* op) {
 }
 
 void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  TDIST_CHECK_ARG(a.scalar_type() == b.scalar_type(),
-                  std::string("mpi: ") + op + ": input and output dtypes differ (" +
-                      c10::toString(a.scalar_type()) + " vs " + c10::toString(b.scalar_type()) +
-                      ")");
+  TDIST_CHECK_ARG(a.scalar_type() == b.scalar_type(), std::string("mpi: ") + op +
+                                                          ": input and output dtypes differ (" +
+                                                          c10::toString(a.scalar_type()) + " vs " +
+                                                          c10::toString(b.scalar_type()) + ")");
 }
 
 void check_root(int root, int size, const char* op) {
-  TDIST_CHECK_ARG(root >= 0 && root < size, std::string("mpi: ") + op + ": root " +
-                                                std::to_string(root) +
-                                                " is out of range for a group of " +
-                                                std::to_string(size));
+  TDIST_CHECK_ARG(root >= 0 && root < size,
+                  std::string("mpi: ") + op + ": root " + std::to_string(root) +
+                      " is out of range for a group of " + std::to_string(size));
 }
 
 }  // namespace
 
-MPIBackend::MPIBackend(const StorePtr& store, int rank, int size,
-                       std::chrono::milliseconds timeout)
+MPIBackend::MPIBackend(const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout)
     : CollectiveBackend(rank, size),
       comm_(std::make_unique<detail::Communicator>()),
       timeout_(timeout) {
@@ -67,8 +65,9 @@ MPIBackend::MPIBackend(const StorePtr& store, int rank, int size,
   } else {
     TDIST_CHECK_ARG(size == executor.world_size() && rank == executor.world_rank(),
                     "mpi: without a store the group must be the whole MPI world in MPI rank "
-                    "order (rank " + std::to_string(rank) + "/" + std::to_string(size) +
-                        " vs MPI " + std::to_string(executor.world_rank()) + "/" +
+                    "order (rank " +
+                        std::to_string(rank) + "/" + std::to_string(size) + " vs MPI " +
+                        std::to_string(executor.world_rank()) + "/" +
                         std::to_string(executor.world_size()) + ")");
     std::iota(world_ranks.begin(), world_ranks.end(), 0);
   }
@@ -117,13 +116,11 @@ namespace {
 template <typename Start>
 WorkPtr submit(CollectiveBackend* backend, std::string name, std::vector<at::Tensor> outputs,
                std::chrono::milliseconds timeout, Start start) {
-  auto deadline = timeout.count() > 0 ? Executor::Clock::now() + timeout
-                                      : Executor::Clock::time_point::max();
+  auto deadline =
+      timeout.count() > 0 ? Executor::Clock::now() + timeout : Executor::Clock::time_point::max();
   return Executor::instance().submit(
-      "rank " + std::to_string(backend->rank()) + ": " + name, std::move(outputs),
-      std::move(start), deadline, [backend](const std::string& reason) {
-        backend->mark_broken(reason);
-      });
+      "rank " + std::to_string(backend->rank()) + ": " + name, std::move(outputs), std::move(start),
+      deadline, [backend](const std::string& reason) { backend->mark_broken(reason); });
 }
 
 }  // namespace
@@ -212,8 +209,8 @@ WorkPtr MPIBackend::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
     StartedOp s;
     s.requests.resize(1);
     void* data = staged.buffer.data_ptr();
-    check_mpi(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr, count, type,
-                          op, root, comm, &s.requests[0]),
+    check_mpi(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr, count, type, op,
+                          root, comm, &s.requests[0]),
               "MPI_Ireduce");
     s.on_complete = [staged, average, n, is_root] {
       if (!is_root) return;
@@ -241,8 +238,8 @@ WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor&
   return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
-    check_mpi(MPI_Iallgather(in.buffer.data_ptr(), count, type, out.buffer.data_ptr(), count,
-                             type, comm, &s.requests[0]),
+    check_mpi(MPI_Iallgather(in.buffer.data_ptr(), count, type, out.buffer.data_ptr(), count, type,
+                             comm, &s.requests[0]),
               "MPI_Iallgather");
     s.on_complete = [out, in] { out.copy_back(); };
     return s;
@@ -256,8 +253,9 @@ WorkPtr MPIBackend::all_gather(std::vector<at::Tensor>& outputs, const at::Tenso
                       std::to_string(outputs.size()));
   for (const auto& o : outputs) {
     check_same_dtype(input, o, "all_gather");
-    TDIST_CHECK_ARG(o.numel() == input.numel(), "mpi: all_gather: every output must have the "
-                                                "input's number of elements");
+    TDIST_CHECK_ARG(o.numel() == input.numel(),
+                    "mpi: all_gather: every output must have the "
+                    "input's number of elements");
   }
   at::Tensor flat = at::empty({input.numel() * size_}, input.options());
   auto work = all_gather_into_tensor(flat, input, opts);
@@ -298,9 +296,8 @@ WorkPtr MPIBackend::gather(std::vector<at::Tensor>& outputs, const at::Tensor& i
   return submit(this, "gather", outputs, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
-    check_mpi(MPI_Igather(in.buffer.data_ptr(), count, type,
-                          is_root ? flat.data_ptr() : nullptr, count, type, root, comm,
-                          &s.requests[0]),
+    check_mpi(MPI_Igather(in.buffer.data_ptr(), count, type, is_root ? flat.data_ptr() : nullptr,
+                          count, type, root, comm, &s.requests[0]),
               "MPI_Igather");
     s.on_complete = [flat, outs, count, in] {
       for (size_t r = 0; r < outs.size(); ++r) {
@@ -337,8 +334,8 @@ WorkPtr MPIBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& i
   return submit(this, "scatter", {output}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
-    check_mpi(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, count, type,
-                           out.buffer.data_ptr(), count, type, root, comm, &s.requests[0]),
+    check_mpi(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, count, type, out.buffer.data_ptr(),
+                           count, type, root, comm, &s.requests[0]),
               "MPI_Iscatter");
     s.on_complete = [out, flat] { out.copy_back(); };
     return s;
@@ -365,8 +362,8 @@ WorkPtr MPIBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& 
   return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
-    check_mpi(MPI_Ireduce_scatter_block(in.buffer.data_ptr(), out.buffer.data_ptr(), count,
-                                        type, op, comm, &s.requests[0]),
+    check_mpi(MPI_Ireduce_scatter_block(in.buffer.data_ptr(), out.buffer.data_ptr(), count, type,
+                                        op, comm, &s.requests[0]),
               "MPI_Ireduce_scatter_block");
     s.on_complete = [out, in, average, n] {
       if (average) out.buffer.div_(n);
@@ -397,8 +394,7 @@ WorkPtr MPIBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inpu
                                       const AllToAllOptions& opts) {
   check_not_broken("all_to_all_single");
   check_same_dtype(input, output, "all_to_all_single");
-  auto counts_of = [&](const at::Tensor& t, const std::vector<int64_t>& splits,
-                       const char* which) {
+  auto counts_of = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
     const int64_t row_numel = rows == 0 ? 0 : t.numel() / rows;
     std::vector<int> counts(size_), displs(size_);
@@ -436,15 +432,15 @@ WorkPtr MPIBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inpu
   MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
   MPI_Comm comm = comm_->comm;
   return submit(this, "all_to_all_single", {output}, deadline_for(opts),
-                [=, send_counts = send_counts, send_displs = send_displs,
-                 recv_counts = recv_counts, recv_displs = recv_displs] {
+                [=, send_counts = send_counts, send_displs = send_displs, recv_counts = recv_counts,
+                 recv_displs = recv_displs] {
                   StartedOp s;
                   s.requests.resize(1);
-                  check_mpi(MPI_Ialltoallv(in.buffer.data_ptr(), send_counts.data(),
-                                           send_displs.data(), type, out.buffer.data_ptr(),
-                                           recv_counts.data(), recv_displs.data(), type, comm,
-                                           &s.requests[0]),
-                            "MPI_Ialltoallv");
+                  check_mpi(
+                      MPI_Ialltoallv(in.buffer.data_ptr(), send_counts.data(), send_displs.data(),
+                                     type, out.buffer.data_ptr(), recv_counts.data(),
+                                     recv_displs.data(), type, comm, &s.requests[0]),
+                      "MPI_Ialltoallv");
                   // MPI reads the count arrays until completion: they live in this
                   // lambda's captures, which the executor keeps until the op completes.
                   s.on_complete = [out, in] { out.copy_back(); };
@@ -453,12 +449,10 @@ WorkPtr MPIBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inpu
 }
 
 WorkPtr MPIBackend::all_to_all(std::vector<at::Tensor>& outputs,
-                               const std::vector<at::Tensor>& inputs,
-                               const AllToAllOptions& opts) {
-  TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_ &&
-                      static_cast<int>(outputs.size()) == size_,
-                  "mpi: all_to_all needs " + std::to_string(size_) +
-                      " input and output tensors");
+                               const std::vector<at::Tensor>& inputs, const AllToAllOptions& opts) {
+  TDIST_CHECK_ARG(
+      static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+      "mpi: all_to_all needs " + std::to_string(size_) + " input and output tensors");
   std::vector<at::Tensor> in_parts, out_parts;
   std::vector<int64_t> in_splits, out_splits;
   for (int r = 0; r < size_; ++r) {
@@ -468,9 +462,9 @@ WorkPtr MPIBackend::all_to_all(std::vector<at::Tensor>& outputs,
     out_splits.push_back(outputs[r].numel());
   }
   at::Tensor in_flat = at::cat(in_parts);
-  at::Tensor out_flat = at::empty({std::accumulate(out_splits.begin(), out_splits.end(),
-                                                   int64_t{0})},
-                                  outputs.front().options());
+  at::Tensor out_flat =
+      at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})},
+                outputs.front().options());
   auto work = all_to_all_single(out_flat, in_flat, out_splits, in_splits, opts);
   auto result = std::make_shared<Work>("all_to_all", outputs);
   std::vector<at::Tensor> outs = outputs;

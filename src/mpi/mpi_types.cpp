@@ -59,7 +59,8 @@ MPI_Op mpi_op(ReduceOp op, at::ScalarType dtype) {
       TDIST_CHECK_ARG(!floating, "mpi: " + to_string(op) +
                                      " is defined for integer and bool tensors only, got " +
                                      c10::toString(dtype));
-      if (boolean) return op == ReduceOp::BAND ? MPI_LAND : op == ReduceOp::BOR ? MPI_LOR : MPI_LXOR;
+      if (boolean)
+        return op == ReduceOp::BAND ? MPI_LAND : op == ReduceOp::BOR ? MPI_LOR : MPI_LXOR;
       return op == ReduceOp::BAND ? MPI_BAND : op == ReduceOp::BOR ? MPI_BOR : MPI_BXOR;
   }
   TDIST_THROW(InvalidArgument, "mpi: unknown ReduceOp");

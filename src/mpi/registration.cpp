@@ -1,3 +1,6 @@
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -19,6 +22,11 @@ void register_mpi_backend() {
           return std::make_shared<MPIBackend>(store, rank, size, timeout);
         },
         /*extended_api=*/true, {"cpu"});
+    Backend::register_launch_bootstrap(
+        "mpi", [](std::chrono::milliseconds timeout) -> std::optional<LaunchInfo> {
+          if (!launched_by_mpirun()) return std::nullopt;
+          return LaunchInfo{bootstrap_store(timeout), world_rank(), world_size()};
+        });
   });
 }
 
@@ -29,14 +37,27 @@ bool launched_by_mpirun() {
   return false;
 }
 
-int world_rank() { return detail::Executor::instance().world_rank(); }
-int world_size() { return detail::Executor::instance().world_size(); }
+int world_rank() {
+  return detail::Executor::instance().world_rank();
+}
+int world_size() {
+  return detail::Executor::instance().world_size();
+}
 
 StorePtr bootstrap_store(std::chrono::milliseconds timeout) {
   auto& executor = detail::Executor::instance();
   const bool is_server = executor.world_rank() == 0;
-  std::string host = "127.0.0.1";
-  if (const char* addr = std::getenv("MASTER_ADDR")) host = addr;
+  // Rank 0 hosts the store: on loopback when the whole job is on one node, else on its
+  // host name (or MASTER_ADDR when given), and tells everyone where with MPI_Bcast.
+  char host[256] = "127.0.0.1";
+  if (const char* addr = std::getenv("MASTER_ADDR")) {
+    std::snprintf(host, sizeof(host), "%s", addr);
+  } else {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (local != nullptr && std::atoi(local) != executor.world_size()) {
+      ::gethostname(host, sizeof(host) - 1);
+    }
+  }
   std::shared_ptr<TCPStore> store;
   int port = 0;
   if (is_server) {
@@ -45,6 +66,8 @@ StorePtr bootstrap_store(std::chrono::milliseconds timeout) {
     port = store->port();
   }
   executor.run_sync([&] {
+    detail::check_mpi(MPI_Bcast(host, sizeof(host), MPI_CHAR, 0, MPI_COMM_WORLD),
+                      "MPI_Bcast(store host)");
     detail::check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast(store port)");
   });
   if (!is_server) {

@@ -15,17 +15,20 @@ using tdist::ReduceOp;
 using tdist::mpi::MPIBackend;
 
 MPIBackend& pg() {
-  static auto backend = std::make_shared<MPIBackend>(nullptr, tdist::mpi::world_rank(),
-                                                     tdist::mpi::world_size(),
-                                                     std::chrono::seconds(60));
+  static auto backend = std::make_shared<MPIBackend>(
+      nullptr, tdist::mpi::world_rank(), tdist::mpi::world_size(), std::chrono::seconds(60));
   return *backend;
 }
-int rank() { return pg().rank(); }
-int world() { return pg().size(); }
+int rank() {
+  return pg().rank();
+}
+int world() {
+  return pg().size();
+}
 
-const std::vector<at::ScalarType> kAllDtypes = {at::kFloat, at::kDouble, at::kHalf,
-                                                at::kBFloat16, at::kByte, at::kChar,
-                                                at::kInt, at::kLong, at::kBool};
+const std::vector<at::ScalarType> kAllDtypes = {at::kFloat,    at::kDouble, at::kHalf,
+                                                at::kBFloat16, at::kByte,   at::kChar,
+                                                at::kInt,      at::kLong,   at::kBool};
 
 // Rank r's input: small integers, exact in every dtype; in {1,2} for PRODUCT so that
 // products of four ranks fit int8.
@@ -49,10 +52,21 @@ at::Tensor reduce_locally(const std::vector<at::Tensor>& inputs, ReduceOp op) {
     for (size_t k = 1; k < inputs.size(); ++k) {
       const auto& t = inputs[k];
       switch (op) {
-        case ReduceOp::SUM: case ReduceOp::MAX: case ReduceOp::BOR: acc = acc.logical_or(t); break;
-        case ReduceOp::PRODUCT: case ReduceOp::MIN: case ReduceOp::BAND: acc = acc.logical_and(t); break;
-        case ReduceOp::BXOR: acc = acc.logical_xor(t); break;
-        default: ADD_FAILURE() << "op not valid for bool";
+        case ReduceOp::SUM:
+        case ReduceOp::MAX:
+        case ReduceOp::BOR:
+          acc = acc.logical_or(t);
+          break;
+        case ReduceOp::PRODUCT:
+        case ReduceOp::MIN:
+        case ReduceOp::BAND:
+          acc = acc.logical_and(t);
+          break;
+        case ReduceOp::BXOR:
+          acc = acc.logical_xor(t);
+          break;
+        default:
+          ADD_FAILURE() << "op not valid for bool";
       }
     }
     return acc;
@@ -64,13 +78,28 @@ at::Tensor reduce_locally(const std::vector<at::Tensor>& inputs, ReduceOp op) {
     auto t = inputs[k].to(torch::kDouble);
     auto ti = inputs[k].to(torch::kLong);
     switch (op) {
-      case ReduceOp::SUM: case ReduceOp::AVG: acc_d = acc_d + t; break;
-      case ReduceOp::PRODUCT: acc_d = acc_d * t; break;
-      case ReduceOp::MIN: acc_d = torch::minimum(acc_d, t); break;
-      case ReduceOp::MAX: acc_d = torch::maximum(acc_d, t); break;
-      case ReduceOp::BAND: acc = acc.bitwise_and(ti); break;
-      case ReduceOp::BOR: acc = acc.bitwise_or(ti); break;
-      case ReduceOp::BXOR: acc = acc.bitwise_xor(ti); break;
+      case ReduceOp::SUM:
+      case ReduceOp::AVG:
+        acc_d = acc_d + t;
+        break;
+      case ReduceOp::PRODUCT:
+        acc_d = acc_d * t;
+        break;
+      case ReduceOp::MIN:
+        acc_d = torch::minimum(acc_d, t);
+        break;
+      case ReduceOp::MAX:
+        acc_d = torch::maximum(acc_d, t);
+        break;
+      case ReduceOp::BAND:
+        acc = acc.bitwise_and(ti);
+        break;
+      case ReduceOp::BOR:
+        acc = acc.bitwise_or(ti);
+        break;
+      case ReduceOp::BXOR:
+        acc = acc.bitwise_xor(ti);
+        break;
     }
   }
   if (op == ReduceOp::AVG) acc_d = acc_d / static_cast<double>(inputs.size());
@@ -84,8 +113,8 @@ std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
   if (at::isFloatingType(dtype)) {
     return {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX};
   }
-  return {ReduceOp::SUM, ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX,
-          ReduceOp::BAND, ReduceOp::BOR, ReduceOp::BXOR};
+  return {ReduceOp::SUM,  ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX,
+          ReduceOp::BAND, ReduceOp::BOR,     ReduceOp::BXOR};
 }
 
 std::string describe(at::ScalarType dtype, ReduceOp op) {
@@ -108,8 +137,8 @@ TEST(MPIBackend, AllReduceEveryDtypeAndOp) {
       std::vector<at::Tensor> all;
       for (int r = 0; r < world(); ++r) all.push_back(input_of(r, n, dtype, op));
       auto expected = reduce_locally(all, op);
-      EXPECT_TRUE(t.equal(expected)) << describe(dtype, op) << "\n got " << t << "\n want "
-                                     << expected;
+      EXPECT_TRUE(t.equal(expected))
+          << describe(dtype, op) << "\n got " << t << "\n want " << expected;
     }
   }
 }

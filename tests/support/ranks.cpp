@@ -58,8 +58,7 @@ bool run_scenario_if_requested(int* exit_code) {
   return true;
 }
 
-void run_ranks_as_threads(int world_size,
-                          const std::function<void(int, int, StorePtr)>& fn) {
+void run_ranks_as_threads(int world_size, const std::function<void(int, int, StorePtr)>& fn) {
   auto store = std::make_shared<HashStore>(std::chrono::seconds(60));
   std::vector<std::thread> threads;
   std::mutex mutex;

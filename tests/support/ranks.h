@@ -32,10 +32,10 @@ struct ScenarioRegistrar {
 /// Defines a function run in each child process:
 ///   TDIST_SCENARIO(allreduce_sum) { tdist::init_process_group(); ... }
 /// A scenario fails by throwing or by a failed EXPECT/ASSERT (the child exits non-zero).
-#define TDIST_SCENARIO(name)                                                             \
-  static void tdist_scenario_##name();                                                   \
-  static ::tdist::testing::ScenarioRegistrar tdist_scenario_registrar_##name(#name,      \
-                                                                 &tdist_scenario_##name); \
+#define TDIST_SCENARIO(name)                                                  \
+  static void tdist_scenario_##name();                                        \
+  static ::tdist::testing::ScenarioRegistrar tdist_scenario_registrar_##name( \
+      #name, &tdist_scenario_##name);                                         \
   static void tdist_scenario_##name()
 
 struct RankResult {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,18 @@ namespace tdist {
 /// Creates a backend for one group. The store is private to that group (prefixed).
 using BackendFactory = std::function<CollectiveBackendPtr(
     const StorePtr& store, int rank, int world_size, std::chrono::milliseconds timeout)>;
+
+/// What a backend's own launcher (e.g. mpirun) told this process: its rank, the world size,
+/// and a store for the job. Lets init_process_group("mpi") run under mpirun without
+/// MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE.
+struct LaunchInfo {
+  StorePtr store;
+  int rank = -1;
+  int world_size = -1;
+};
+/// Returns the launch info when this process was started by the backend's launcher, else
+/// std::nullopt (init_process_group then falls back to env://).
+using LaunchBootstrap = std::function<std::optional<LaunchInfo>(std::chrono::milliseconds)>;
 
 /// An enum-like lower-case backend name. Backend("GLOO") == "gloo"; an unknown name throws
 /// InvalidArgument listing the known ones. UNDEFINED exists only as an initial value.
@@ -46,6 +59,9 @@ class Backend {
                                bool extended_api = false,
                                std::vector<std::string> devices = {"cpu"});
 
+  /// Registers how backend `name` learns rank and world size from its own launcher.
+  static void register_launch_bootstrap(const std::string& name, LaunchBootstrap bootstrap);
+
   /// Every registered name, built-in ones included.
   static std::vector<std::string> backend_list();
   /// Device types each backend supports.
@@ -61,6 +77,9 @@ namespace detail {
 /// Looks up a registered factory; throws InvalidArgument naming the available backends
 /// (and why a built-in one is unavailable in this build).
 BackendFactory backend_factory(const std::string& name);
+/// The launch info of the first backend in `names` whose launcher started this process.
+std::optional<LaunchInfo> launch_info_for(const std::vector<std::string>& names,
+                                          std::chrono::milliseconds timeout);
 /// True if the named backend is registered and usable in this build.
 bool backend_registered(const std::string& name);
 /// Names of the backends registered (usable) in this process.
