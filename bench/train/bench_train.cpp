@@ -1,0 +1,162 @@
+// Training throughput and peak memory per rank of the GPT example's model under tdist:
+// single process, DDP or FSDP. Each run prints one row; bench/train/run.sh runs them all
+// beside Python PyTorch DDP on the same model.
+//   bench_train --mode ddp --nproc 2 --steps 20
+// The benchmark checks what it times: the loss must be finite and the ranks must agree on
+// it (column "ok").
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "gpt/launcher.h"
+#include "gpt/memory.h"
+#include "gpt/model.h"
+#include "gpt/parallel.h"
+#include "gpt/world.h"
+
+namespace {
+
+struct Options {
+  std::string mode = "single";
+  int nproc = 1;
+  int steps = 20;
+  int warmup = 3;
+  int threads = 0;
+  int64_t batch_size = 16;
+  gpt::ModelConfig model;
+  std::string json_path;
+};
+
+int run_rank(const Options& o) {
+  gpt::World world = gpt::init_world(300);
+  const int threads =
+      o.threads > 0
+          ? o.threads
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size);
+  torch::set_num_threads(threads);
+  torch::manual_seed(1234);
+  gpt::GPT model(o.model);
+  gpt::Tracer tracer(world.rank, /*enabled=*/false);
+  const auto mode = gpt::resolve_mode(gpt::parse_parallel_mode(o.mode), world);
+  auto parallel = gpt::make_parallel(mode, model, world, tracer);
+  auto groups = parallel->param_groups();
+  std::vector<torch::Tensor> params = groups.decay;
+  params.insert(params.end(), groups.no_decay.begin(), groups.no_decay.end());
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-3));
+
+  // Random tokens: throughput does not depend on the text; the same stream on every run.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + world.rank);
+  double loss_value = 0.0;
+  std::chrono::steady_clock::time_point start;
+  for (int step = 0; step < o.warmup + o.steps; ++step) {
+    if (step == o.warmup) {
+      gpt::barrier(world);
+      start = std::chrono::steady_clock::now();
+    }
+    auto tokens = torch::randint(0, o.model.vocab_size, {o.batch_size, o.model.block_size + 1}, gen,
+                                 torch::kLong);
+    using torch::indexing::Slice;
+    auto x = tokens.index({Slice(), Slice(0, -1)}).contiguous();
+    auto y = tokens.index({Slice(), Slice(1, torch::indexing::None)}).contiguous();
+    auto logits = parallel->forward(x, /*sync=*/true);
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                     y.reshape({-1}));
+    parallel->backward(loss);
+    parallel->clip_grad_norm(1.0);
+    optimizer.step();
+    optimizer.zero_grad();
+    loss_value = loss.item<double>();
+  }
+  gpt::barrier(world);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto peaks =
+      gpt::all_gather_values(world, static_cast<double>(gpt::memory_usage().peak_bytes));
+  const auto losses = gpt::all_gather_values(world, loss_value);
+  bool ok = true;
+  for (double l : losses) ok = ok && std::isfinite(l);
+  const double tokens =
+      static_cast<double>(o.batch_size) * o.model.block_size * o.steps * world.world_size;
+  if (world.is_main()) {
+    double peak_max = 0;
+    for (double p : peaks) peak_max = std::max(peak_max, p);
+    std::printf("%-12s %5d %9.2fM %11.0f %9.1f %14.0f %10.4f %4s\n",
+                ("tdist " + to_string(mode)).c_str(), world.world_size,
+                o.model.num_parameters() / 1e6, tokens / seconds, seconds / o.steps * 1e3,
+                peak_max / (1024.0 * 1024.0), losses[0], ok ? "yes" : "NO");
+    std::fflush(stdout);
+    if (!o.json_path.empty()) {
+      std::ofstream(o.json_path, std::ios::app)
+          << nlohmann::json{{"impl", "tdist"},
+                            {"mode", to_string(mode)},
+                            {"world_size", world.world_size},
+                            {"tokens_per_s", tokens / seconds},
+                            {"step_ms", seconds / o.steps * 1e3},
+                            {"peak_rss_bytes", peaks},
+                            {"final_loss", losses[0]},
+                            {"ok", ok}}
+                 .dump()
+          << "\n";
+    }
+  }
+  gpt::shutdown_world(world);
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app("Training throughput and peak memory of the GPT model under tdist", "bench_train");
+  app.add_option("--mode", o.mode, "single, ddp or fsdp")
+      ->check(CLI::IsMember({"single", "ddp", "fsdp"}))
+      ->capture_default_str();
+  app.add_option("--nproc", o.nproc, "Ranks (spawned locally unless RANK is set)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Timed steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed steps first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "Threads per rank (0: cores / ranks)")
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Sequences per rank per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--n-layer", o.model.n_layer, "Blocks")->capture_default_str();
+  app.add_option("--n-head", o.model.n_head, "Heads")->capture_default_str();
+  app.add_option("--n-embd", o.model.n_embd, "Width")->capture_default_str();
+  app.add_option("--block-size", o.model.block_size, "Context")->capture_default_str();
+  app.add_option("--json", o.json_path, "Append the result as a JSON line to FILE");
+  app.add_flag_callback(
+      "--header",
+      [] {
+        std::printf("%-12s %5s %10s %11s %9s %14s %10s %4s\n", "impl", "ranks", "params",
+                    "tokens/s", "step_ms", "peak_rss_MiB", "loss", "ok");
+        std::exit(0);
+      },
+      "Print the table header and exit");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    o.model.validate();
+    if (!gpt::launched_as_rank() && o.nproc > 1) {
+      return gpt::spawn_local_ranks(o.nproc, std::vector<std::string>(argv, argv + argc));
+    }
+    return run_rank(o);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

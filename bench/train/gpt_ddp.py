@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""The GPT example's model (examples/gpt/model.cpp) in Python PyTorch DDP, timed the same
+way as bench_train: random tokens, AdamW, gradient clipping, warmup steps then timed steps.
+Ranks are started here with environment variables (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), not torchrun.
+
+    /usr/bin/python3 bench/train/gpt_ddp.py --nproc 2 --steps 20
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head, self.n_embd = c.n_head, c.n_embd
+        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
+        self.c_proj = nn.Linear(c.n_embd, c.n_embd)
+        # A plain attribute, not a buffer: DDP's gloo broadcast of buffers rejects bool.
+        self.mask = torch.tril(torch.ones(c.block_size, c.block_size, dtype=torch.bool)).view(
+            1, 1, c.block_size, c.block_size)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        hd = c // self.n_head
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(b, t, self.n_head, hd).transpose(1, 2)
+        k = k.view(b, t, self.n_head, hd).transpose(1, 2)
+        v = v.view(b, t, self.n_head, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c.n_embd)
+        self.attn = CausalSelfAttention(c)
+        self.ln_2 = nn.LayerNorm(c.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(c.n_embd, 4 * c.n_embd), nn.GELU(),
+                                 nn.Linear(4 * c.n_embd, c.n_embd))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd)
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
+        self.ln_f = nn.LayerNorm(c.n_embd)
+        # GPT-2 initialisation, as examples/gpt/model.cpp.
+        for name, p in self.named_parameters():
+            if "ln_" in name:
+                continue
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.t()  # tied head
+
+
+def run_rank(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    threads = args.threads or max(1, os.cpu_count() // world)
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(1234)
+    model = DDP(GPT(args))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(42 + rank)
+    loss_value = 0.0
+    start = None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            dist.barrier()
+            start = time.perf_counter()
+        tokens = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size + 1), generator=gen)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        loss_value = loss.item()
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64)
+    peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(peaks, peak)
+    losses = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(losses, torch.tensor([loss_value], dtype=torch.float64))
+    ok = all(math.isfinite(l.item()) for l in losses)
+    tokens_total = args.batch_size * args.block_size * args.steps * world
+    params = sum(p.numel() for p in model.parameters())
+    if rank == 0:
+        peak_max = max(p.item() for p in peaks)
+        print("%-12s %5d %9.2fM %11.0f %9.1f %14.0f %10.4f %4s" % (
+            "pytorch ddp", world, params / 1e6, tokens_total / seconds, seconds / args.steps * 1e3,
+            peak_max / 2**20, losses[0].item(), "yes" if ok else "NO"), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"impl": "pytorch", "mode": "ddp", "world_size": world,
+                                    "tokens_per_s": tokens_total / seconds,
+                                    "step_ms": seconds / args.steps * 1e3,
+                                    "peak_rss_bytes": [p.item() for p in peaks],
+                                    "final_loss": losses[0].item(), "ok": ok}) + "\n")
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=256)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    if "RANK" in os.environ:
+        sys.exit(run_rank(args))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(args.nproc))
+    procs = [subprocess.Popen([sys.executable] + sys.argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(args.nproc)]
+    codes = [proc.wait() for proc in procs]
+    sys.exit(max(codes))
+
+
+if __name__ == "__main__":
+    main()

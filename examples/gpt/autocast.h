@@ -1,0 +1,22 @@
+#pragma once
+
+// --mixed-precision bf16 on the CPU: LibTorch's autocast runs matmuls and linear layers in
+// bfloat16 inside the guarded region (the forward); parameters, gradients and optimizer
+// state stay float32. One place for the API, which changed in LibTorch 2.4.
+
+namespace gpt {
+
+class AutocastGuard {
+ public:
+  /// enabled=false: does nothing.
+  explicit AutocastGuard(bool enabled);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool enabled_;
+  bool previous_ = false;
+};
+
+}  // namespace gpt

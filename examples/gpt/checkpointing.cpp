@@ -1,0 +1,226 @@
+#include "gpt/checkpointing.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "tdist/error.h"
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+#include "tdist/checkpoint/checkpoint_manager.h"
+#include "tdist/checkpoint/module_state.h"
+#endif
+
+namespace gpt {
+namespace fs = std::filesystem;
+namespace {
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+// Complete step directories, oldest first. A directory is complete when its marker file
+// exists: metadata.json (tdist::checkpoint commits it last) or meta.json (our fallback,
+// written last before the rename).
+std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return steps;
+  static const std::regex pattern("step_([0-9]+)");
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || !std::regex_match(name, m, pattern)) continue;
+    if (!fs::exists(entry.path() / "metadata.json") && !fs::exists(entry.path() / "meta.json"))
+      continue;
+    steps.emplace_back(std::stoll(m[1].str()), entry.path().string());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(std::string run_dir, World world)
+    : root_((fs::path(run_dir) / "checkpoints").string()), world_(world) {}
+
+std::string Checkpointer::backend_name() {
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+  return "tdist::checkpoint";
+#else
+  return "torch::save (rank 0)";
+#endif
+}
+
+std::string config_path(const std::string& run_dir) {
+  return (fs::path(run_dir) / "config.json").string();
+}
+
+std::optional<std::string> newest_checkpoint(const std::string& run_dir) {
+  auto steps = complete_steps((fs::path(run_dir) / "checkpoints").string());
+  if (steps.empty()) return std::nullopt;
+  return steps.back().second;
+}
+
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+
+namespace {
+
+// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address as a string;
+// 2.x by the address itself. The key type of the map decides.
+template <typename Map>
+typename Map::key_type state_key(const at::Tensor& param) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(param.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+// Model and AdamW state as named slices, aliasing the live tensors (a load writes in place).
+// Names as tdist::checkpoint::save_module writes them ("model.<fqn>",
+// "optim.state.<fqn>.exp_avg", ...), so `generate` reads any run's checkpoint with
+// load_module. AdamW state absent so far (no step taken) is created as zeros.
+struct TrainingState {
+  tdist::ShardedStateDict tensors;
+  std::vector<std::pair<torch::optim::AdamWParamState*, torch::Tensor>> steps;
+};
+
+TrainingState training_state(Parallel& parallel, torch::optim::AdamW& optimizer) {
+  using Map = std::decay_t<decltype(optimizer.state())>;
+  TrainingState state;
+  auto& opt_state = optimizer.state();
+  for (auto& [name, slice] : parallel.parameter_slices()) {
+    state.tensors[tdist::checkpoint::kModelPrefix + name] = slice;
+    const auto& param = slice.local;
+    auto key = state_key<Map>(param);
+    auto it = opt_state.find(key);
+    if (it == opt_state.end()) {
+      auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+      fresh->step(0);
+      fresh->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Preserve));
+      opt_state[key] = std::move(fresh);
+      it = opt_state.find(key);
+    }
+    auto& adam = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    const std::string prefix = std::string(tdist::checkpoint::kOptimPrefix) + name + ".";
+    state.tensors[prefix + "exp_avg"] =
+        tdist::ShardedTensor{adam.exp_avg(), slice.global_shape, slice.offsets};
+    state.tensors[prefix + "exp_avg_sq"] =
+        tdist::ShardedTensor{adam.exp_avg_sq(), slice.global_shape, slice.offsets};
+    auto step = torch::tensor(adam.step(), torch::kLong).reshape({});
+    state.tensors[prefix + "step"] = tdist::ShardedTensor::whole(step);
+    state.steps.emplace_back(&adam, step);
+  }
+  return state;
+}
+
+}  // namespace
+
+void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer) {
+  tdist::checkpoint::CheckpointManager manager(
+      root_, tdist::checkpoint::CheckpointManagerOptions().save_options(
+                 tdist::checkpoint::SaveOptions().overwrite(true)));
+  tdist::checkpoint::ExtraState extra;
+  extra.step = step;
+  extra.data_position = step;  // the sampler is a function of the step
+  torch::NoGradGuard no_grad;
+  manager.save(step, training_state(parallel, optimizer).tensors, extra);
+}
+
+std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
+                                                 torch::optim::AdamW& optimizer) {
+  tdist::checkpoint::CheckpointManager manager(root_);
+  torch::NoGradGuard no_grad;
+  auto state = training_state(parallel, optimizer);
+  auto result = manager.load_latest(state.tensors);
+  if (!result) return std::nullopt;
+  for (auto& [adam, step] : state.steps) adam->step(step.item<int64_t>());
+  return result->extra.step;
+}
+
+#else  // torch::save fallback: the model is whole on every rank, rank 0 writes it.
+
+void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer) {
+  if (!parallel.replicated()) {
+    TDIST_THROW(tdist::CheckpointError,
+                "checkpoint: this gpt was built without tdist::checkpoint, which sharded (fsdp) "
+                "runs need; use --checkpoint-interval 0 or --mode ddp");
+  }
+  if (world_.is_main()) {
+    const fs::path final_dir = fs::path(root_) / step_dir_name(step);
+    const fs::path tmp_dir = fs::path(root_) / ("." + step_dir_name(step) + ".partial");
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+    {
+      torch::serialize::OutputArchive archive;
+      parallel.model()->save(archive);
+      archive.save_to((tmp_dir / "model.pt").string());
+    }
+    torch::save(optimizer, (tmp_dir / "optimizer.pt").string());
+    std::ofstream((tmp_dir / "meta.json").string()) << "{\"step\": " << step << "}\n";
+    fs::remove_all(final_dir);
+    fs::rename(tmp_dir, final_dir);
+  }
+  barrier(world_);
+}
+
+std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
+                                                 torch::optim::AdamW& optimizer) {
+  auto steps = complete_steps(root_);
+  if (steps.empty()) return std::nullopt;
+  const fs::path dir = steps.back().second;
+  torch::serialize::InputArchive archive;
+  archive.load_from((dir / "model.pt").string());
+  parallel.model()->load(archive);
+  torch::load(optimizer, (dir / "optimizer.pt").string());
+  return steps.back().first;
+}
+
+#endif
+
+GPT load_model_from_run(const std::string& run_dir) {
+  std::ifstream in(config_path(run_dir));
+  if (!in) {
+    TDIST_THROW(tdist::CheckpointError, "generate: no " + config_path(run_dir) +
+                                            "; pass --run-dir of a training run (e.g. runs/gpt)");
+  }
+  auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.contains("model")) {
+    TDIST_THROW(tdist::CheckpointError,
+                "generate: " + config_path(run_dir) + " is not a gpt run config");
+  }
+  ModelConfig config;
+  const auto& m = json["model"];
+  config.vocab_size = m.value("vocab_size", config.vocab_size);
+  config.block_size = m.value("block_size", config.block_size);
+  config.n_layer = m.value("n_layer", config.n_layer);
+  config.n_head = m.value("n_head", config.n_head);
+  config.n_embd = m.value("n_embd", config.n_embd);
+  config.tie_weights = m.value("tie_weights", config.tie_weights);
+  config.dropout = 0.0;
+  GPT model(config);
+  auto dir = newest_checkpoint(run_dir);
+  if (!dir) {
+    TDIST_THROW(tdist::CheckpointError, "generate: " + run_dir +
+                                            "/checkpoints has no complete checkpoint; train with "
+                                            "--checkpoint-interval > 0 first");
+  }
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+  tdist::checkpoint::load_module(*model, nullptr, *dir);
+#else
+  torch::serialize::InputArchive archive;
+  archive.load_from((fs::path(*dir) / "model.pt").string());
+  model->load(archive);
+#endif
+  return model;
+}
+
+}  // namespace gpt

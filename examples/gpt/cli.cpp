@@ -1,0 +1,257 @@
+#include "gpt/cli.h"
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tdist/error.h"
+
+namespace gpt {
+namespace {
+
+// --config FILE reader: JSON when the file starts with '{', key=value (TOML/INI) otherwise.
+// Names are normalised to flag spelling (n_layer -> n-layer) so both styles work.
+class JsonOrTomlConfig : public CLI::ConfigBase {
+ public:
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::string text((std::istreambuf_iterator<char>(input)), std::istreambuf_iterator<char>());
+    const auto first = text.find_first_not_of(" \t\r\n");
+    std::vector<CLI::ConfigItem> items;
+    if (first != std::string::npos && text[first] == '{') {
+      auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (json.is_discarded() || !json.is_object()) {
+        throw CLI::ConversionError(
+            "--config: the file is not valid JSON (expected one object "
+            "of \"flag\": value pairs)");
+      }
+      for (const auto& [key, value] : json.items()) {
+        CLI::ConfigItem item;
+        item.name = key;
+        if (value.is_string())
+          item.inputs = {value.get<std::string>()};
+        else if (value.is_boolean())
+          item.inputs = {value.get<bool>() ? "true" : "false"};
+        else if (value.is_number())
+          item.inputs = {value.dump()};
+        else
+          throw CLI::ConversionError("--config: value of \"" + key +
+                                     "\" must be a string, number or boolean");
+        items.push_back(std::move(item));
+      }
+    } else {
+      std::istringstream in(text);
+      items = CLI::ConfigBase::from_config(in);
+    }
+    for (auto& item : items) std::replace(item.name.begin(), item.name.end(), '_', '-');
+    return items;
+  }
+};
+
+void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
+  app.set_config("--config", "", "Read flags from FILE: JSON object or key=value lines");
+  app.config_formatter(std::make_shared<JsonOrTomlConfig>());
+  app.allow_config_extras(CLI::config_extras_mode::error);
+
+  const std::string model = "Model";
+  app.add_option("--n-layer", c.model.n_layer, "Transformer blocks")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--n-head", c.model.n_head, "Attention heads (must divide --n-embd)")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--n-embd", c.model.n_embd, "Width of the residual stream")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--block-size", c.model.block_size, "Context length in tokens (bytes)")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--dropout", c.model.dropout, "Dropout probability")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--tie-weights", c.model.tie_weights,
+                 "Share token embedding and output head (true/false)")
+      ->capture_default_str()
+      ->group(model);
+
+  const std::string data = "Data";
+  app.add_option("--data", c.data_path, "Training text (default: the bundled data/kjv.txt)")
+      ->group(data);
+  app.add_option("--val-fraction", c.val_fraction, "Tail of the text held out for validation")
+      ->capture_default_str()
+      ->group(data);
+
+  const std::string opt = "Optimisation";
+  app.add_option("--steps", c.steps, "Optimizer steps")->capture_default_str()->group(opt);
+  app.add_option("--batch-size", c.batch_size, "Sequences per rank per micro-step")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--grad-accum", c.grad_accum, "Micro-steps per optimizer step")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--lr", c.schedule.max_lr, "Peak learning rate (AdamW)")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--min-lr", c.schedule.min_lr, "Learning rate at the end of the cosine decay")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--warmup", c.schedule.warmup_steps,
+                 "Linear warmup steps (-1: 10% of --steps, at most 30)")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str()->group(opt);
+  app.add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str()->group(opt);
+  app.add_option("--grad-clip", c.grad_clip, "Max global gradient norm (0: off)")
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--mixed-precision", c.mixed_precision, "none or bf16")
+      ->check(CLI::IsMember({"none", "bf16"}))
+      ->capture_default_str()
+      ->group(opt);
+  app.add_option("--seed", c.seed, "Seed of the initialisation and data order")
+      ->capture_default_str()
+      ->group(opt);
+
+  const std::string eval = "Evaluation and logging";
+  app.add_option("--eval-interval", c.eval_interval, "Validate every N steps (0: only at the end)")
+      ->capture_default_str()
+      ->group(eval);
+  app.add_option("--eval-batches", c.eval_batches, "Batches per rank per validation")
+      ->capture_default_str()
+      ->group(eval);
+  app.add_option("--log-interval", c.log_interval,
+                 "Print a line every N steps when not on a terminal")
+      ->capture_default_str()
+      ->group(eval);
+  app.add_flag("--quiet,-q", c.quiet, "No progress output")->group(eval);
+
+  const std::string par = "Parallelism";
+  app.add_option("--mode", mode,
+                 "auto, single, ddp or fsdp (auto: fsdp with several ranks when built)")
+      ->check(CLI::IsMember({"auto", "single", "ddp", "fsdp"}))
+      ->capture_default_str()
+      ->group(par);
+  app.add_option("--nproc", c.nproc, "Ranks to start when not launched by tdistrun")
+      ->capture_default_str()
+      ->group(par);
+  app.add_option("--threads", c.threads, "Intra-op threads per rank (0: cores / ranks)")
+      ->capture_default_str()
+      ->group(par);
+  app.add_option("--timeout", c.timeout_s, "Collective timeout in seconds")
+      ->capture_default_str()
+      ->group(par);
+
+  const std::string outs = "Outputs";
+  app.add_option("--name", c.name, "Run name (outputs go to runs/<name>)")
+      ->capture_default_str()
+      ->group(outs);
+  app.add_option("--run-dir", c.run_dir, "Output directory (overrides runs/<name>)")->group(outs);
+  app.add_option("--checkpoint-interval", c.checkpoint_interval,
+                 "Checkpoint every N steps (0: never)")
+      ->capture_default_str()
+      ->group(outs);
+  app.add_flag("--resume", c.resume, "Continue from the newest checkpoint in the run dir")
+      ->group(outs);
+  app.add_option("--trace", c.trace, "Write trace_rank<r>.json (true/false)")
+      ->capture_default_str()
+      ->group(outs);
+
+  const std::string sample = "Sample at the end";
+  app.add_option("--prompt", c.prompt, "Text the sample continues")
+      ->capture_default_str()
+      ->group(sample);
+  app.add_option("--max-new-tokens", c.sample.max_new_tokens, "Length of the sample (0: no sample)")
+      ->capture_default_str()
+      ->group(sample);
+  app.add_option("--temperature", c.sample.temperature, "Sampling temperature (> 0)")
+      ->capture_default_str()
+      ->group(sample);
+  app.add_option("--top-k", c.sample.top_k, "Sample from the k most likely tokens (0: all)")
+      ->capture_default_str()
+      ->group(sample);
+  app.add_option("--sample-seed", c.sample.seed, "Seed of the sampler (same seed, same text)")
+      ->capture_default_str()
+      ->group(sample);
+}
+
+void add_generate_options(CLI::App& app, GenerateConfig& g) {
+  app.add_option("--run-dir", g.run_dir, "Training run directory (e.g. runs/gpt)")->required();
+  app.add_option("--prompt", g.prompt, "Text to continue")->capture_default_str();
+  app.add_option("--max-new-tokens", g.sample.max_new_tokens, "Tokens to generate")
+      ->capture_default_str();
+  app.add_option("--temperature", g.sample.temperature, "Sampling temperature (> 0)")
+      ->capture_default_str();
+  app.add_option("--top-k", g.sample.top_k, "Sample from the k most likely tokens (0: all)")
+      ->capture_default_str();
+  app.add_option("--seed", g.sample.seed, "Sampler seed (same seed, same text)")
+      ->capture_default_str();
+  app.add_option("--threads", g.threads, "Intra-op threads (0: all cores)")->capture_default_str();
+}
+
+}  // namespace
+
+std::string user_message(const std::exception& e) {
+  std::string what = e.what();
+  // A bad value is the user's to fix, not a bug report: drop the " [file:line]" stamp.
+  if (dynamic_cast<const tdist::InvalidArgument*>(&e) != nullptr) {
+    if (auto pos = what.rfind(" ["); pos != std::string::npos && what.back() == ']') {
+      what = what.substr(0, pos);
+    }
+  }
+  return what;
+}
+
+int parse_command_line(const std::vector<std::string>& args_in, Command& command, std::ostream& out,
+                       std::ostream& err) {
+  std::vector<std::string> args = args_in;
+  command = Command{};
+  if (!args.empty() && args[0] == "generate") {
+    command.kind = Command::Kind::kGenerate;
+    args.erase(args.begin());
+  } else if (!args.empty() && args[0] == "train") {
+    args.erase(args.begin());
+  }
+
+  const bool train = command.kind == Command::Kind::kTrain;
+  CLI::App app(train ? "Train a small GPT on a text corpus, on one or several ranks.\n"
+                       "  gpt [train] [flags]       train (this help)\n"
+                       "  gpt generate --help       sample from a trained run"
+                     : "Generate text from a trained GPT run's newest checkpoint.",
+               train ? "gpt" : "gpt generate");
+  app.option_defaults()->always_capture_default();
+  std::string mode = "auto";
+  if (train)
+    add_train_options(app, command.train, mode);
+  else
+    add_generate_options(app, command.generate);
+
+  try {
+    std::reverse(args.begin(), args.end());  // CLI11 takes them back to front
+    app.parse(args);
+    if (train) {
+      command.train.mode = parse_parallel_mode(mode);
+      command.train.finalize();
+      command.train.validate();
+    } else {
+      command.generate.sample.validate();
+    }
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e, out, err);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e, out, err);
+    err << "Run '" << app.get_name() << " --help' for every flag.\n";
+    return 2;
+  } catch (const tdist::InvalidArgument& e) {
+    err << "error: " << user_message(e) << "\n";
+    err << "Run '" << app.get_name() << " --help' for every flag.\n";
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace gpt

@@ -1,0 +1,34 @@
+#pragma once
+
+// Command line of the gpt program:
+//   gpt [train] [flags]          train (the default command)
+//   gpt generate --run-dir DIR   sample from a run's newest checkpoint
+// Flags may also come from --config FILE: JSON ({"steps": 300, "n_layer": 4}) or key=value
+// lines (steps = 300); names are the long flag names, '_' and '-' both accepted. Flags on
+// the command line override the file.
+
+#include <exception>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "gpt/config.h"
+
+namespace gpt {
+
+struct Command {
+  enum class Kind { kTrain, kGenerate } kind = Kind::kTrain;
+  TrainConfig train;
+  GenerateConfig generate;
+};
+
+/// e.what() without the source stamp for tdist::InvalidArgument (a value the user must fix).
+std::string user_message(const std::exception& e);
+
+/// Parses args (without the program name). Returns -1 when the program should go on with
+/// `command`; otherwise the exit code, after printing help (0) or a clear error (2) to
+/// out / err.
+int parse_command_line(const std::vector<std::string>& args, Command& command, std::ostream& out,
+                       std::ostream& err);
+
+}  // namespace gpt

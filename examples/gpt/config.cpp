@@ -1,0 +1,119 @@
+#include "gpt/config.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "tdist/error.h"
+
+namespace gpt {
+
+std::string to_string(ParallelMode mode) {
+  switch (mode) {
+    case ParallelMode::kAuto:
+      return "auto";
+    case ParallelMode::kSingle:
+      return "single";
+    case ParallelMode::kDdp:
+      return "ddp";
+    case ParallelMode::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+ParallelMode parse_parallel_mode(const std::string& text) {
+  if (text == "auto") return ParallelMode::kAuto;
+  if (text == "single") return ParallelMode::kSingle;
+  if (text == "ddp") return ParallelMode::kDdp;
+  if (text == "fsdp") return ParallelMode::kFsdp;
+  TDIST_THROW(tdist::InvalidArgument,
+              "--mode must be one of auto, single, ddp, fsdp; got '" + text + "'");
+}
+
+void TrainConfig::finalize() {
+  schedule.total_steps = steps;
+  if (schedule.warmup_steps == -1) {
+    schedule.warmup_steps = std::min<int64_t>(30, steps / 10);
+  }
+}
+
+void TrainConfig::validate() const {
+  auto check = [](bool ok, const std::string& message) {
+    if (!ok) TDIST_THROW(tdist::InvalidArgument, message);
+  };
+  model.validate();
+  check(steps >= 1, "--steps must be >= 1, got " + std::to_string(steps));
+  check(batch_size >= 1, "--batch-size must be >= 1, got " + std::to_string(batch_size));
+  check(grad_accum >= 1, "--grad-accum must be >= 1, got " + std::to_string(grad_accum));
+  auto s = schedule;
+  s.total_steps = steps;
+  s.validate();
+  check(weight_decay >= 0.0, "--weight-decay must be >= 0, got " + std::to_string(weight_decay));
+  check(beta1 >= 0.0 && beta1 < 1.0, "--beta1 must be in [0, 1), got " + std::to_string(beta1));
+  check(beta2 >= 0.0 && beta2 < 1.0, "--beta2 must be in [0, 1), got " + std::to_string(beta2));
+  check(grad_clip >= 0.0,
+        "--grad-clip must be >= 0 (0 disables clipping), got " + std::to_string(grad_clip));
+  check(mixed_precision == "none" || mixed_precision == "bf16",
+        "--mixed-precision must be 'none' or 'bf16', got '" + mixed_precision + "'");
+  check(val_fraction > 0.0 && val_fraction < 0.5,
+        "--val-fraction must be in (0, 0.5), got " + std::to_string(val_fraction));
+  check(eval_interval >= 0, "--eval-interval must be >= 0, got " + std::to_string(eval_interval));
+  check(eval_batches >= 1, "--eval-batches must be >= 1, got " + std::to_string(eval_batches));
+  check(log_interval >= 1, "--log-interval must be >= 1, got " + std::to_string(log_interval));
+  check(nproc >= 1 && nproc <= 256, "--nproc must be in [1, 256], got " + std::to_string(nproc));
+  check(threads >= 0, "--threads must be >= 0 (0: cores / ranks), got " + std::to_string(threads));
+  check(timeout_s >= 1, "--timeout must be >= 1 second, got " + std::to_string(timeout_s));
+  check(checkpoint_interval >= 0, "--checkpoint-interval must be >= 0 (0: never), got " +
+                                      std::to_string(checkpoint_interval));
+  check(
+      !name.empty() && name.find('/') == std::string::npos,
+      "--name must be non-empty and contain no '/', got '" + name + "' (use --run-dir for a path)");
+  sample.validate();
+}
+
+nlohmann::json to_json(const TrainConfig& c) {
+  return {
+      {"model",
+       {{"vocab_size", c.model.vocab_size},
+        {"block_size", c.model.block_size},
+        {"n_layer", c.model.n_layer},
+        {"n_head", c.model.n_head},
+        {"n_embd", c.model.n_embd},
+        {"dropout", c.model.dropout},
+        {"tie_weights", c.model.tie_weights}}},
+      {"data", c.data_path},
+      {"val_fraction", c.val_fraction},
+      {"steps", c.steps},
+      {"batch_size", c.batch_size},
+      {"grad_accum", c.grad_accum},
+      {"lr", c.schedule.max_lr},
+      {"min_lr", c.schedule.min_lr},
+      {"warmup", c.schedule.warmup_steps},
+      {"weight_decay", c.weight_decay},
+      {"beta1", c.beta1},
+      {"beta2", c.beta2},
+      {"grad_clip", c.grad_clip},
+      {"seed", c.seed},
+      {"mixed_precision", c.mixed_precision},
+      {"eval_interval", c.eval_interval},
+      {"eval_batches", c.eval_batches},
+      {"mode", to_string(c.mode)},
+      {"nproc", c.nproc},
+      {"name", c.name},
+      {"run_dir", c.resolved_run_dir()},
+      {"checkpoint_interval", c.checkpoint_interval},
+  };
+}
+
+std::string default_data_path() {
+  if (const char* env = std::getenv("TDIST_GPT_DATA"); env != nullptr && *env != '\0') return env;
+  struct stat st {};
+#ifdef TDIST_GPT_SOURCE_DATA
+  if (::stat(TDIST_GPT_SOURCE_DATA, &st) == 0) return TDIST_GPT_SOURCE_DATA;
+#endif
+  return "data/kjv.txt";
+}
+
+}  // namespace gpt

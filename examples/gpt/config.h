@@ -1,0 +1,95 @@
+#pragma once
+
+// Every knob of the GPT job in one place, sectioned as the --help output is. Values come
+// from defaults, then --config FILE (JSON or key=value), then flags; validate() checks
+// them all at once and its error names the flag and the fix.
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gpt/model_config.h"
+#include "gpt/sample_options.h"
+#include "gpt/schedule.h"
+
+namespace gpt {
+
+/// How the model is replicated or sharded across ranks.
+enum class ParallelMode {
+  kAuto,    ///< single with one rank; FSDP with several when built, else DDP
+  kSingle,  ///< one process, no communication
+  kDdp,     ///< replicated model, gradients all-reduced (tdist::ddp)
+  kFsdp,    ///< parameters, gradients and optimizer state sharded (tdist::fsdp)
+};
+std::string to_string(ParallelMode mode);
+/// "auto", "single", "ddp", "fsdp"; throws tdist::InvalidArgument otherwise.
+ParallelMode parse_parallel_mode(const std::string& text);
+
+struct TrainConfig {
+  // --- model
+  ModelConfig model;
+
+  // --- data
+  std::string data_path;      ///< empty: the bundled corpus (see default_data_path)
+  double val_fraction = 0.1;  ///< tail of the corpus held out for validation
+
+  // --- optimisation
+  int64_t steps = 300;                                        ///< optimizer steps
+  int64_t batch_size = 16;                                    ///< sequences per rank per micro-step
+  int64_t grad_accum = 1;                                     ///< micro-steps per optimizer step
+  LrSchedule schedule{3e-3, 3e-4, /*warmup_steps=*/-1, 300};  ///< warmup -1: auto; total = steps
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
+  uint64_t seed = 1337;
+  std::string mixed_precision = "none";  ///< "none" or "bf16"
+
+  // --- evaluation and logging
+  int64_t eval_interval = 75;  ///< validate every N steps (and at the end); 0: only at the end
+  int64_t eval_batches = 8;    ///< batches per rank per validation
+  int64_t log_interval = 10;   ///< plain-output line every N steps (no TTY)
+
+  // --- parallelism
+  ParallelMode mode = ParallelMode::kAuto;
+  int nproc = 2;        ///< ranks to spawn when not started by a launcher
+  int threads = 0;      ///< intra-op threads per rank; 0: cores / ranks
+  int timeout_s = 300;  ///< collective / rendezvous timeout
+
+  // --- outputs
+  std::string name = "gpt";           ///< run name
+  std::string run_dir;                ///< empty: runs/<name>
+  int64_t checkpoint_interval = 150;  ///< checkpoint every N steps (and at the end); 0: never
+  bool resume = false;                ///< continue from the newest checkpoint in the run dir
+  bool trace = true;                  ///< write trace_rank<r>.json
+  bool quiet = false;                 ///< no progress output
+
+  // --- sample at the end
+  SampleOptions sample;
+  std::string prompt = "And God said";
+
+  std::string resolved_run_dir() const { return run_dir.empty() ? "runs/" + name : run_dir; }
+  /// Fills the derived values: schedule.total_steps = steps, and an automatic warmup
+  /// (-1: 10% of the steps, at most 30). Idempotent.
+  void finalize();
+  /// Checks every field (after finalize); throws tdist::InvalidArgument naming the flag and
+  /// the fix.
+  void validate() const;
+};
+
+/// Every field, as written to <run_dir>/config.json (model shape under "model").
+nlohmann::json to_json(const TrainConfig& config);
+
+/// The bundled corpus: $TDIST_GPT_DATA, else data/kjv.txt from the source tree this binary
+/// was built from, else ./data/kjv.txt.
+std::string default_data_path();
+
+struct GenerateConfig {
+  std::string run_dir;  ///< a training run dir (its newest checkpoint is used)
+  std::string prompt = "And God said";
+  SampleOptions sample;
+  int threads = 0;
+};
+
+}  // namespace gpt

@@ -1,0 +1,135 @@
+// The gpt command line: --help, config files, and clear errors for bad values.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "gpt/cli.h"
+#include "support/ranks.h"
+
+namespace {
+
+struct Parsed {
+  int code;
+  gpt::Command command;
+  std::string out;
+  std::string err;
+};
+
+Parsed parse(const std::vector<std::string>& args) {
+  Parsed p;
+  std::ostringstream out, err;
+  p.code = gpt::parse_command_line(args, p.command, out, err);
+  p.out = out.str();
+  p.err = err.str();
+  return p;
+}
+
+void expect_error(const std::vector<std::string>& args, const std::string& needle) {
+  auto p = parse(args);
+  std::string joined;
+  for (const auto& a : args) joined += a + " ";
+  EXPECT_EQ(p.code, 2) << joined;
+  EXPECT_NE(p.err.find(needle), std::string::npos) << joined << "\nstderr: " << p.err;
+}
+
+TEST(GptCli, DefaultsTrain) {
+  auto p = parse({});
+  ASSERT_EQ(p.code, -1) << p.err;
+  EXPECT_EQ(p.command.kind, gpt::Command::Kind::kTrain);
+  EXPECT_EQ(p.command.train.nproc, 2);
+  EXPECT_EQ(p.command.train.mode, gpt::ParallelMode::kAuto);
+  EXPECT_EQ(p.command.train.resolved_run_dir(), "runs/gpt");
+  EXPECT_EQ(p.command.train.schedule.warmup_steps, 30);  // auto: 10% of 300, at most 30
+  EXPECT_EQ(p.command.train.schedule.total_steps, 300);
+}
+
+TEST(GptCli, FlagsSetFields) {
+  auto p = parse({"train", "--steps", "50", "--n-layer", "2", "--lr", "1e-3", "--mode", "ddp",
+                  "--name", "exp1", "--tie-weights", "false", "--resume"});
+  ASSERT_EQ(p.code, -1) << p.err;
+  const auto& c = p.command.train;
+  EXPECT_EQ(c.steps, 50);
+  EXPECT_EQ(c.schedule.total_steps, 50);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_DOUBLE_EQ(c.schedule.max_lr, 1e-3);
+  EXPECT_EQ(c.mode, gpt::ParallelMode::kDdp);
+  EXPECT_FALSE(c.model.tie_weights);
+  EXPECT_TRUE(c.resume);
+  EXPECT_EQ(c.resolved_run_dir(), "runs/exp1");
+}
+
+TEST(GptCli, HelpListsFlagsAndExitsZero) {
+  auto p = parse({"--help"});
+  EXPECT_EQ(p.code, 0);
+  for (const char* flag : {"--steps", "--n-layer", "--mode", "--config", "--resume", "--top-k",
+                           "--grad-accum", "--checkpoint-interval"}) {
+    EXPECT_NE(p.out.find(flag), std::string::npos) << flag;
+  }
+  auto g = parse({"generate", "--help"});
+  EXPECT_EQ(g.code, 0);
+  EXPECT_NE(g.out.find("--run-dir"), std::string::npos);
+}
+
+TEST(GptCli, BadValuesGiveClearErrors) {
+  expect_error({"--steps", "0"}, "--steps");
+  expect_error({"--steps", "abc"}, "--steps");
+  expect_error({"--lr", "-1"}, "--lr");
+  expect_error({"--mode", "tensor"}, "--mode");
+  expect_error({"--n-embd", "130", "--n-head", "4"}, "divisible by n_head");
+  expect_error({"--warmup", "500", "--steps", "100"}, "--warmup");
+  expect_error({"--min-lr", "1", "--lr", "0.1"}, "--min-lr");
+  expect_error({"--temperature", "0"}, "--temperature");
+  expect_error({"--mixed-precision", "fp8"}, "--mixed-precision");
+  expect_error({"--no-such-flag"}, "--no-such-flag");
+  expect_error({"--name", "a/b"}, "--name");
+  expect_error({"generate"}, "--run-dir");
+}
+
+TEST(GptCli, ErrorsSuggestHelpAndCarryNoSourceStamp) {
+  auto p = parse({"--steps", "-5"});
+  EXPECT_EQ(p.code, 2);
+  EXPECT_NE(p.err.find("--help"), std::string::npos) << p.err;
+  auto q = parse({"--n-embd", "130", "--n-head", "4"});
+  EXPECT_EQ(q.err.find(".cpp:"), std::string::npos) << q.err;
+}
+
+TEST(GptCli, JsonConfigFileThenFlagsOverride) {
+  const auto dir = tdist::testing::make_temp_dir("gpt-cli");
+  const std::string path = dir + "/run.json";
+  std::ofstream(path) << R"({"steps": 77, "n_layer": 3, "lr": 0.002, "mode": "single",
+                            "tie-weights": false, "prompt": "In the"})";
+  auto p = parse({"--config", path, "--steps", "88"});
+  ASSERT_EQ(p.code, -1) << p.err;
+  EXPECT_EQ(p.command.train.steps, 88);  // the command line wins
+  EXPECT_EQ(p.command.train.model.n_layer, 3);
+  EXPECT_DOUBLE_EQ(p.command.train.schedule.max_lr, 0.002);
+  EXPECT_EQ(p.command.train.mode, gpt::ParallelMode::kSingle);
+  EXPECT_FALSE(p.command.train.model.tie_weights);
+  EXPECT_EQ(p.command.train.prompt, "In the");
+}
+
+TEST(GptCli, KeyValueConfigFile) {
+  const auto dir = tdist::testing::make_temp_dir("gpt-cli");
+  const std::string path = dir + "/run.toml";
+  std::ofstream(path) << "# a comment\nsteps = 12\nbatch_size = 4\nname = \"tiny\"\n";
+  auto p = parse({"--config", path});
+  ASSERT_EQ(p.code, -1) << p.err;
+  EXPECT_EQ(p.command.train.steps, 12);
+  EXPECT_EQ(p.command.train.schedule.warmup_steps, 1);  // auto warmup follows --steps
+  EXPECT_EQ(p.command.train.batch_size, 4);
+  EXPECT_EQ(p.command.train.name, "tiny");
+}
+
+TEST(GptCli, BadConfigFilesGiveClearErrors) {
+  const auto dir = tdist::testing::make_temp_dir("gpt-cli");
+  std::ofstream(dir + "/unknown.json") << R"({"stepz": 3})";
+  expect_error({"--config", dir + "/unknown.json"}, "stepz");
+  std::ofstream(dir + "/broken.json") << R"({"steps": )";
+  expect_error({"--config", dir + "/broken.json"}, "JSON");
+  std::ofstream(dir + "/bad_value.json") << R"({"steps": -3})";
+  expect_error({"--config", dir + "/bad_value.json"}, "steps");
+  expect_error({"--config", dir + "/missing.json"}, "missing.json");
+}
+
+}  // namespace

@@ -1,0 +1,198 @@
+// End-to-end training of a tiny GPT: the loss drops at world sizes 1 and 2, world 2 matches
+// world 1 step for step, the run dir holds every output, and a resumed run continues with
+// the same losses as an uninterrupted one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "gpt/checkpointing.h"
+#include "gpt/generate.h"
+#include "gpt/metrics.h"
+#include "gpt/trainer.h"
+#include "support/ranks.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+gpt::TrainConfig tiny_config(const std::string& run_dir) {
+  gpt::TrainConfig c;
+  c.model.block_size = 32;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 32;
+  c.steps = 30;
+  c.batch_size = 8;
+  c.schedule.max_lr = 1e-2;
+  c.schedule.min_lr = 1e-3;
+  c.schedule.warmup_steps = 3;
+  c.eval_interval = 15;
+  c.eval_batches = 4;
+  c.nproc = 1;
+  c.threads = 1;
+  c.run_dir = run_dir;
+  c.checkpoint_interval = 0;
+  c.quiet = true;
+  c.sample.max_new_tokens = 24;
+  return c;
+}
+
+std::vector<double> logged(const std::string& run_dir, const std::string& kind) {
+  std::vector<double> values;
+  for (const auto& r : gpt::read_metrics(run_dir + "/metrics.jsonl")) {
+    if (r["kind"] == kind) values.push_back(r["loss"].get<double>());
+  }
+  return values;
+}
+
+TEST(GptTrain, TinyConfigLossDropsAtWorldOne) {
+  const auto dir = tdist::testing::make_temp_dir("gpt-train");
+  auto config = tiny_config(dir);
+  std::ostringstream out;
+  auto result = gpt::train(config, gpt::World{}, out);
+  EXPECT_EQ(result.mode, "single");
+  ASSERT_EQ(result.train_loss.size(), 30u);
+  ASSERT_GE(result.val_loss.size(), 2u);
+  EXPECT_EQ(result.val_loss.front().first, 0);
+  EXPECT_EQ(result.val_loss.back().first, 30);
+  EXPECT_LT(result.val_loss.back().second, result.val_loss.front().second - 1.0);
+  EXPECT_LT(result.train_loss.back(), result.train_loss.front() - 1.0);
+  EXPECT_EQ(result.sample.size(), 24u);
+  // Every output is there and consistent with the result.
+  EXPECT_EQ(logged(dir, "train").size(), 30u);
+  EXPECT_DOUBLE_EQ(logged(dir, "train").back(), result.train_loss.back());
+  EXPECT_TRUE(fs::exists(dir + "/loss.svg"));
+  EXPECT_TRUE(fs::exists(dir + "/trace_rank0.json"));
+  EXPECT_TRUE(fs::exists(dir + "/config.json"));
+  std::ifstream trace(dir + "/trace_rank0.json");
+  auto json = nlohmann::json::parse(trace);
+  int forward = 0, backward = 0, optimizer = 0;
+  for (const auto& e : json["traceEvents"]) {
+    forward += e["name"] == "forward";
+    backward += e["name"] == "backward";
+    optimizer += e["name"] == "optimizer";
+  }
+  EXPECT_EQ(forward, 30);
+  EXPECT_EQ(backward, 30);
+  EXPECT_EQ(optimizer, 30);
+}
+
+TEST(GptTrain, GradientAccumulationMatchesALargerBatch) {
+  // grad_accum 2 x batch 4 draws the same 8 windows per step as batch 8, and averages
+  // the micro-step gradients: the losses agree step by step.
+  std::vector<double> losses[2];
+  for (int i = 0; i < 2; ++i) {
+    auto config = tiny_config(tdist::testing::make_temp_dir("gpt-accum"));
+    config.steps = 6;
+    config.batch_size = i == 0 ? 8 : 4;
+    config.grad_accum = i == 0 ? 1 : 2;
+    config.sample.max_new_tokens = 0;
+    std::ostringstream out;
+    losses[i] = gpt::train(config, gpt::World{}, out).train_loss;
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  ASSERT_EQ(losses[1].size(), 6u);
+  EXPECT_NEAR(losses[0][0], std::log(256.0), 0.3);  // averaged, not summed
+  for (size_t s = 0; s < 6; ++s) EXPECT_NEAR(losses[0][s], losses[1][s], 1e-3) << "step " << s + 1;
+}
+
+TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
+  const auto full_dir = tdist::testing::make_temp_dir("gpt-resume-full");
+  auto full = tiny_config(full_dir);
+  full.steps = 10;
+  full.checkpoint_interval = 5;
+  full.sample.max_new_tokens = 0;
+  std::ostringstream out;
+  auto uninterrupted = gpt::train(full, gpt::World{}, out);
+  ASSERT_EQ(uninterrupted.train_loss.size(), 10u);
+
+  // An "interrupted" run: only the step-5 checkpoint exists.
+  const auto resumed_dir = tdist::testing::make_temp_dir("gpt-resume-cut");
+  std::string step5;
+  for (const auto& entry : fs::directory_iterator(full_dir + "/checkpoints")) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, std::regex("step_0*5"))) step5 = entry.path().string();
+  }
+  ASSERT_FALSE(step5.empty()) << "no step-5 checkpoint in " << full_dir << "/checkpoints";
+  fs::create_directories(resumed_dir + "/checkpoints");
+  fs::copy(step5, resumed_dir + "/checkpoints/" + fs::path(step5).filename().string(),
+           fs::copy_options::recursive);
+
+  auto cut = full;
+  cut.run_dir = resumed_dir;
+  cut.resume = true;
+  auto resumed = gpt::train(cut, gpt::World{}, out);
+  EXPECT_EQ(resumed.start_step, 5);
+  ASSERT_EQ(resumed.train_loss.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(resumed.train_loss[i], uninterrupted.train_loss[5 + i], 1e-6) << "step " << 6 + i;
+  }
+  ASSERT_TRUE(gpt::newest_checkpoint(resumed_dir).has_value());
+
+  // generate reads the newest checkpoint of a run, deterministically.
+  auto model = gpt::load_model_from_run(full_dir);
+  gpt::SampleOptions sample;
+  sample.max_new_tokens = 16;
+  EXPECT_EQ(gpt::generate(model, "And", sample), gpt::generate(model, "And", sample));
+}
+
+#ifdef TDIST_GPT_WITH_COMM
+
+// Run by each rank process: trains the tiny config described by the environment.
+TDIST_SCENARIO(gpt_train_tiny) {
+  auto config = tiny_config(std::getenv("GPT_TEST_RUN_DIR"));
+  config.mode = gpt::parse_parallel_mode(std::getenv("GPT_TEST_MODE"));
+  config.steps = std::atoi(std::getenv("GPT_TEST_STEPS"));
+  config.batch_size = std::atoi(std::getenv("GPT_TEST_BATCH"));
+  config.eval_interval = 0;
+  config.sample.max_new_tokens = 8;
+  auto world = gpt::init_world(60);
+  std::ostringstream out;
+  auto result = gpt::train(config, world, out);
+  gpt::shutdown_world(world);
+  if (result.train_loss.size() != static_cast<size_t>(config.steps)) std::exit(3);
+}
+
+std::string train_in_processes(int world_size, const std::string& mode, int steps, int batch) {
+  const auto dir = tdist::testing::make_temp_dir("gpt-world" + std::to_string(world_size));
+  tdist::testing::ProcessOptions options;
+  options.env = {{"GPT_TEST_RUN_DIR", dir},
+                 {"GPT_TEST_MODE", mode},
+                 {"GPT_TEST_STEPS", std::to_string(steps)},
+                 {"GPT_TEST_BATCH", std::to_string(batch)}};
+  options.timeout = std::chrono::seconds(240);
+  auto results = tdist::testing::run_ranks_as_processes("gpt_train_tiny", world_size, options);
+  tdist::testing::expect_all_ok(results);
+  return dir;
+}
+
+TEST(GptTrain, TinyConfigLossDropsAtWorldTwo) {
+  const auto dir = train_in_processes(2, "ddp", 30, 8);
+  auto val = logged(dir, "val");
+  ASSERT_GE(val.size(), 2u);
+  EXPECT_LT(val.back(), val.front() - 1.0);
+  EXPECT_TRUE(fs::exists(dir + "/trace_rank0.json"));
+  EXPECT_TRUE(fs::exists(dir + "/trace_rank1.json"));
+  EXPECT_TRUE(fs::exists(dir + "/loss.svg"));
+}
+
+TEST(GptTrain, DdpAtWorldTwoMatchesWorldOneWithTheSameGlobalBatch) {
+  // Rank r of world 2 (batch B) takes rows r, r+2, ... of world 1's batch 2B, and the
+  // averaged gradient equals the world-1 gradient: the losses must agree step by step.
+  const auto one = train_in_processes(1, "single", 8, 8);
+  const auto two = train_in_processes(2, "ddp", 8, 4);
+  auto a = logged(one, "train"), b = logged(two, "train");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
+}
+
+#endif  // TDIST_GPT_WITH_COMM
+
+}  // namespace
