@@ -1,0 +1,349 @@
+// FSDP benchmark, world 2, one run, side by side: single process; tdist DDP; FSDP full shard
+// (ZeRO-3); FSDP reshard_after_forward=false (ZeRO-2); FSDP full shard without prefetch.
+// Per mode: step time (best of steps) and its ratio to DDP, peak RSS per rank, model-state
+// bytes per rank against 16*psi/N, FSDP's own CPU time per module per step, and a #wrong
+// column: the final loss must match the single-process run (which trains on both ranks'
+// batches). Env: BENCH_WIDTH, BENCH_DEPTH, BENCH_BATCH (per rank), BENCH_SEQ, BENCH_VOCAB,
+// BENCH_STEPS, BENCH_WARMUP, BENCH_THREADS, BENCH_MODES (comma list).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <unordered_set>
+
+#include <torch/torch.h>
+
+#include "tdist/comm/distributed.h"
+#include "tdist/fsdp/forward.h"
+#include "tdist/fsdp/fully_shard.h"
+#ifdef TDIST_BENCH_HAVE_DDP
+#include "tdist/ddp/distributed_data_parallel.h"
+#endif
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+struct Config {
+  int width = env_int("BENCH_WIDTH", 256);
+  int depth = env_int("BENCH_DEPTH", 4);
+  int heads = 4;
+  int seq = env_int("BENCH_SEQ", 64);
+  int vocab = env_int("BENCH_VOCAB", 1024);
+  int batch = env_int("BENCH_BATCH", 8);  // per rank
+  int steps = env_int("BENCH_STEPS", 10);
+  int warmup = env_int("BENCH_WARMUP", 2);
+  int threads = env_int("BENCH_THREADS", 1);
+};
+
+// ---- a small GPT (until examples/gpt's model is a library) ----
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int w, int h) : heads(h) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({w})));
+    qkv = register_module("qkv", torch::nn::Linear(w, 3 * w));
+    proj = register_module("proj", torch::nn::Linear(w, w));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({w})));
+    fc1 = register_module("fc1", torch::nn::Linear(w, 4 * w));
+    fc2 = register_module("fc2", torch::nn::Linear(4 * w, w));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t b = x.size(0), t = x.size(1), w = x.size(2);
+    auto parts = qkv(ln1(x)).chunk(3, -1);
+    auto split = [&](const torch::Tensor& y) {
+      return y.view({b, t, heads, w / heads}).transpose(1, 2);
+    };
+    auto att = torch::matmul(split(parts[0]), split(parts[1]).transpose(-2, -1)) /
+               std::sqrt(static_cast<double>(w / heads));
+    att = att.masked_fill(torch::ones({t, t}, torch::kBool).triu(1), -1e9).softmax(-1);
+    auto y = torch::matmul(att, split(parts[2])).transpose(1, 2).contiguous().view({b, t, w});
+    x = x + proj(y);
+    return x + fc2(torch::gelu(fc1(ln2(x))));
+  }
+  int heads;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const Config& c) {
+    tok = register_module("tok", torch::nn::Embedding(c.vocab, c.width));
+    pos = register_parameter("pos", torch::randn({c.seq, c.width}) * 0.02);
+    for (int i = 0; i < c.depth; ++i) {
+      blocks.push_back(register_module("block" + std::to_string(i), Block(c.width, c.heads)));
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width})));
+    head = register_module("head", torch::nn::Linear(c.width, c.vocab));
+  }
+  torch::Tensor forward(torch::Tensor idx) {
+    auto x = tok(idx) + pos;
+    for (auto& block : blocks) x = tdist::fsdp::forward(block, x);
+    return head(ln_f(x));
+  }
+  torch::nn::Embedding tok{nullptr};
+  torch::Tensor pos;
+  std::vector<Block> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(GPT);
+
+struct Result {
+  double step_ms = NAN;
+  double final_loss = NAN;
+  double state_bytes = NAN;  // params + grads + optimizer state, distinct storages
+  double peak_rss_mb = NAN;
+  double hook_us_per_module_step = NAN;
+  double wait_ms_per_step = NAN;
+  double psi = NAN;
+};
+
+size_t unique_bytes(const std::vector<at::Tensor>& ts, std::unordered_set<const void*>& seen) {
+  size_t total = 0;
+  for (const auto& t : ts) {
+    if (t.defined() && seen.insert(t.storage().unsafeGetStorageImpl()).second) {
+      total += t.storage().nbytes();
+    }
+  }
+  return total;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+
+// Trains; `rank`/`world` pick this rank's rows of each global batch (world 1: all rows).
+Result train(const Config& c, const std::string& mode, int rank, int world) {
+  torch::manual_seed(42);
+  GPT model(c);
+  Result r;
+  r.psi = 0;
+  for (const auto& p : model->parameters()) r.psi += p.numel();
+  std::vector<tdist::fsdp::FSDPModule> handles;
+#ifdef TDIST_BENCH_HAVE_DDP
+  std::unique_ptr<tdist::ddp::DistributedDataParallel> ddp;
+  if (mode == "ddp") ddp = std::make_unique<tdist::ddp::DistributedDataParallel>(model);
+#endif
+  if (mode.rfind("fsdp", 0) == 0) {
+    tdist::fsdp::FullyShardOptions o;
+    if (mode == "fsdp_zero2") o.reshard_after_forward(false);
+    if (mode == "fsdp_noprefetch") o.prefetch(false);
+    for (auto& b : model->blocks) handles.push_back(tdist::fsdp::fully_shard(b, o));
+    handles.push_back(tdist::fsdp::fully_shard(model, o));
+  }
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  double best = INFINITY;
+  const int64_t global = static_cast<int64_t>(c.batch) * (world == 1 ? 2 : world);
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    if (step == c.warmup) {
+      for (auto& h : handles) h.reset_stats();
+    }
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(100 + step));
+    auto tokens = torch::randint(c.vocab, {global, c.seq + 1}, gen, torch::kLong);
+    auto x = tokens.narrow(1, 0, c.seq), y = tokens.narrow(1, 1, c.seq);
+    if (world > 1) {
+      x = x.narrow(0, rank * c.batch, c.batch);
+      y = y.narrow(0, rank * c.batch, c.batch);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    torch::Tensor logits;
+#ifdef TDIST_BENCH_HAVE_DDP
+    if (ddp) logits = ddp->forward([&] { return model->forward(x); });
+#endif
+    if (!logits.defined()) logits = tdist::fsdp::forward(model, x);
+    auto loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}), y.reshape({-1}));
+    loss.backward();
+    opt.step();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (step >= c.warmup) best = std::min(best, ms);
+    double l = loss.item<double>();
+    if (world > 1) {
+      auto t = torch::tensor({l}, torch::kFloat64);
+      tdist::all_reduce(t);
+      l = t.item<double>() / world;
+    }
+    r.final_loss = l;
+  }
+  r.step_ms = best;
+  std::unordered_set<const void*> seen;
+  std::vector<at::Tensor> params, grads, states;
+  for (const auto& p : model->parameters()) {
+    params.push_back(p);
+    grads.push_back(p.grad());
+  }
+  for (const auto& kv : opt.state()) {
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+    states.push_back(s.exp_avg());
+    states.push_back(s.exp_avg_sq());
+  }
+  r.state_bytes = static_cast<double>(unique_bytes(params, seen) + unique_bytes(grads, seen) +
+                                      unique_bytes(states, seen));
+  r.peak_rss_mb = peak_rss_mb();
+  if (!handles.empty()) {
+    double hook_ns = 0, wait_ns = 0;
+    for (auto& h : handles) {
+      hook_ns += static_cast<double>(h.stats().hook_cpu_ns);
+      wait_ns += static_cast<double>(h.stats().wait_ns);
+    }
+    r.hook_us_per_module_step = hook_ns / 1e3 / handles.size() / c.steps;
+    r.wait_ms_per_step = wait_ns / 1e6 / c.steps;
+  }
+  return r;
+}
+
+void write_result(const Result& r, const char* path) {
+  std::ofstream out(path);
+  out << std::setprecision(17) << r.step_ms << " " << r.final_loss << " " << r.state_bytes << " "
+      << r.peak_rss_mb << " " << r.hook_us_per_module_step << " " << r.wait_ms_per_step << " "
+      << r.psi << "\n";
+}
+
+bool read_result(const std::string& path, Result& r) {
+  std::ifstream in(path);
+  return static_cast<bool>(in >> r.step_ms >> r.final_loss >> r.state_bytes >> r.peak_rss_mb >>
+                           r.hook_us_per_module_step >> r.wait_ms_per_step >> r.psi);
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+// Runs this binary as `world` ranks of `mode`; returns each rank's result.
+std::vector<Result> run_ranks(const std::string& self, const std::string& mode, int world) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("bench_fsdp_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  std::vector<std::string> files;
+  for (int rank = 0; rank < world; ++rank) {
+    files.push_back((dir / (mode + std::to_string(rank))).string());
+    std::filesystem::remove(files.back());
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("BENCH_ROLE", "rank", 1);
+      setenv("BENCH_MODE", mode.c_str(), 1);
+      setenv("BENCH_RESULT", files.back().c_str(), 1);
+      execl(self.c_str(), self.c_str(), static_cast<char*>(nullptr));
+      std::perror("execl");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<Result> results;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    Result r;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) || !read_result(files[i], r)) {
+      std::cerr << mode << " rank " << i << " failed (status " << status << ")\n";
+      r = Result();
+    }
+    results.push_back(r);
+  }
+  return results;
+}
+
+}  // namespace
+
+int main(int, char** argv) {
+  const Config c;
+  torch::set_num_threads(c.threads);
+  if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {
+    tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
+    const Result r =
+        train(c, std::getenv("BENCH_MODE"), tdist::get_rank(), tdist::get_world_size());
+    write_result(r, std::getenv("BENCH_RESULT"));
+    tdist::destroy_process_group();
+    return 0;
+  }
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  std::vector<std::string> modes = {"ddp", "fsdp_full", "fsdp_zero2", "fsdp_noprefetch"};
+#ifndef TDIST_BENCH_HAVE_DDP
+  modes.erase(modes.begin());
+#endif
+  if (const char* m = std::getenv("BENCH_MODES")) {
+    modes.clear();
+    std::stringstream ss(m);
+    for (std::string s; std::getline(ss, s, ',');) modes.push_back(s);
+  }
+  std::cout << "GPT width " << c.width << " depth " << c.depth << " seq " << c.seq << " vocab "
+            << c.vocab << " batch/rank " << c.batch << " threads/rank " << c.threads << " steps "
+            << c.steps << "\n";
+  const Result single = train(c, "single", 0, 1);
+  const double psi = single.psi;
+  std::cout << "psi = " << psi << " parameters, 16*psi = " << 16 * psi / 1e6
+            << " MB, 16*psi/2 = " << 8 * psi / 1e6 << " MB\n\n";
+  std::map<std::string, Result> rows;  // rank 0's row; memory: max over ranks
+  std::map<std::string, int> wrong;
+  for (const auto& mode : modes) {
+    auto rs = run_ranks(self, mode, 2);
+    Result r = rs[0];
+    for (const auto& x : rs) {
+      r.peak_rss_mb = std::max(r.peak_rss_mb, x.peak_rss_mb);
+      r.state_bytes = std::max(r.state_bytes, x.state_bytes);
+      r.step_ms = std::max(r.step_ms, x.step_ms);
+    }
+    rows[mode] = r;
+    wrong[mode] = std::isfinite(r.final_loss) && std::abs(r.final_loss - single.final_loss) <=
+                                                     1e-4 * std::abs(single.final_loss)
+                      ? 0
+                      : 1;
+  }
+  const double ddp_ms = rows.count("ddp") ? rows["ddp"].step_ms : NAN;
+  std::cout << std::left << std::setw(17) << "mode" << std::right << std::setw(10) << "step_ms"
+            << std::setw(9) << "x_ddp" << std::setw(12) << "state_MB" << std::setw(12)
+            << "x_16psi/N" << std::setw(12) << "peakRSS_MB" << std::setw(13) << "fsdp_us/mod"
+            << std::setw(11) << "wait_ms" << std::setw(14) << "final_loss" << std::setw(8)
+            << "#wrong"
+            << "\n";
+  auto print = [&](const std::string& name, const Result& r, int n, int w) {
+    std::cout << std::left << std::setw(17) << name << std::right << std::fixed
+              << std::setprecision(2) << std::setw(10) << r.step_ms << std::setw(9)
+              << r.step_ms / ddp_ms << std::setw(12) << r.state_bytes / 1e6 << std::setw(12)
+              << r.state_bytes / (16.0 * psi / n) << std::setw(12) << r.peak_rss_mb << std::setw(13)
+              << r.hook_us_per_module_step << std::setw(11) << r.wait_ms_per_step << std::setw(14)
+              << std::setprecision(6) << r.final_loss << std::setw(8) << w << "\n";
+  };
+  print("single(2x batch)", single, 1, 0);
+  for (const auto& mode : modes) print(mode, rows[mode], 2, wrong[mode]);
+  int total_wrong = 0;
+  for (auto& [m, w] : wrong) total_wrong += w;
+  return total_wrong == 0 ? 0 : 1;
+}

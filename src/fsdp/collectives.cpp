@@ -1,0 +1,118 @@
+#include "fsdp/collectives.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "fsdp/sharded_param.h"
+#include "fsdp/trace_scope.h"
+#include "tdist/comm/distributed.h"
+
+namespace tdist::fsdp::detail {
+
+FlatLayout FlatLayout::of(const std::vector<ShardedParam*>& params) {
+  FlatLayout layout;
+  for (ShardedParam* p : params) {
+    layout.offsets.push_back(layout.total);
+    layout.numels.push_back(p->layout().padded_shard_numel());
+    layout.total += p->layout().padded_shard_numel();
+  }
+  return layout;
+}
+
+AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
+                                   const FlatLayout& layout, const ProcessGroupPtr& group,
+                                   const std::string& label, at::Tensor input) {
+  TraceScope trace("FSDP::all_gather", label);
+  AllGatherResult result;
+  result.world = params.empty() ? 1 : params.front()->layout().world;
+  const at::TensorOptions options = params.front()->param().options();
+  if (!input.defined()) {
+    TraceScope copy_in("FSDP::all_gather_copy_in", label);
+    input = at::empty({layout.total}, options);
+    for (size_t i = 0; i < params.size(); ++i) {
+      input.narrow(0, layout.offsets[i], layout.numels[i]).copy_(params[i]->padded_shard_flat());
+    }
+  }
+  result.input = input;
+  result.output = at::empty({result.world * layout.total}, options);
+  if (group->size() == 1) {
+    result.output.copy_(input);
+    result.work = completed_work("all_gather_into_tensor", {result.output});
+  } else {
+    result.work = all_gather_into_tensor(result.output, input, group, /*async_op=*/true);
+  }
+  return result;
+}
+
+void foreach_all_gather_copy_out(const AllGatherResult& result,
+                                 const std::vector<ShardedParam*>& params,
+                                 const FlatLayout& layout) {
+  const at::Tensor blocks = result.output.view({result.world, layout.total});
+  for (size_t i = 0; i < params.size(); ++i) {
+    // Note [Flat buffer layout]: column block i, row-major, is the padded unsharded param.
+    params[i]
+        ->padded_unsharded()
+        .view({result.world, layout.numels[i]})
+        .copy_(blocks.narrow(1, layout.offsets[i], layout.numels[i]));
+  }
+}
+
+ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
+                                   const std::vector<at::Tensor>& unsharded_grads,
+                                   const FlatLayout& layout, const ProcessGroupPtr& group,
+                                   const std::string& label) {
+  TraceScope trace("FSDP::reduce_scatter", label);
+  ReduceScatterResult result;
+  result.world = params.front()->layout().world;
+  const at::TensorOptions options = params.front()->param().options();
+  result.input = at::empty({result.world, layout.total}, options);
+  result.has_grad.resize(params.size(), false);
+  {
+    TraceScope copy_in("FSDP::reduce_scatter_copy_in", label);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ShardLayout& pl = params[i]->layout();
+      // [world, shard_rows, row_numel]: rank r's padded shard of this param.
+      at::Tensor block = result.input.narrow(1, layout.offsets[i], layout.numels[i])
+                             .view({result.world, pl.shard_rows, pl.row_numel});
+      const at::Tensor& grad = unsharded_grads[i];
+      if (!grad.defined()) {
+        block.zero_();
+        continue;
+      }
+      result.has_grad[i] = true;
+      const at::Tensor rows = grad.reshape({pl.dim0, pl.row_numel});
+      if (pl.padded_rows() == pl.dim0) {
+        block.copy_(rows.reshape({result.world, pl.shard_rows, pl.row_numel}));
+        continue;
+      }
+      block.zero_();  // Note [Dim-0 padding]: padding rows reduce as zeros
+      for (int r = 0; r < result.world; ++r) {
+        const int64_t first = r * pl.shard_rows;
+        const int64_t count = std::min<int64_t>(pl.shard_rows, pl.dim0 - first);
+        if (count <= 0) break;
+        block.select(0, r).narrow(0, 0, count).copy_(rows.narrow(0, first, count));
+      }
+    }
+  }
+  result.output = at::empty({layout.total}, options);
+  const at::Tensor flat_input = result.input.view({-1});
+  if (group->size() == 1) {
+    result.output.copy_(flat_input);
+    result.work = completed_work("reduce_scatter_tensor", {result.output});
+  } else {
+    result.work = reduce_scatter_tensor(result.output, flat_input, ReduceOp::SUM, group,
+                                        /*async_op=*/true);
+  }
+  return result;
+}
+
+at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,
+                              int64_t offset) {
+  const ShardLayout& pl = param.layout();
+  return result.output.narrow(0, offset, pl.padded_shard_numel())
+      .view(pl.padded_shard_shape())
+      .narrow(0, 0, pl.local_rows);
+}
+
+}  // namespace tdist::fsdp::detail

@@ -1,0 +1,74 @@
+#pragma once
+
+// Stateless FSDP collectives over a group of ShardedParams, as FSDP2's _fsdp_collectives:
+// each call copies in, issues ONE asynchronous collective, and returns a small record; a
+// second function finishes it (copy-out). Neither keeps state between calls.
+//
+// Note [Flat buffer layout]
+// A group's all-gather input on rank r is the concatenation of its params' padded shards
+// (total = sum of padded_shard_numel elements). The output is world * total elements,
+// rank-major: [rank 0: p0 shard, p1 shard, ...][rank 1: ...]. Viewed as [world, total], the
+// column range of param i, [offset_i, offset_i + n_i), reshaped to [world * n_i] is exactly
+// param i's padded unsharded tensor (Note [Dim-0 padding]). Reduce-scatter uses the same
+// layout for its input, so rank r receives the sum of every rank's column block r.
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdist/comm/process_group.h"
+#include "tdist/comm/work.h"
+
+namespace tdist::fsdp::detail {
+
+class ShardedParam;
+
+/// Column offsets of each param in the flat layout, and the total.
+struct FlatLayout {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> numels;
+  int64_t total = 0;
+  static FlatLayout of(const std::vector<ShardedParam*>& params);
+};
+
+struct AllGatherResult {
+  WorkPtr work;
+  at::Tensor output;  // [world * total]
+  at::Tensor input;   // kept alive until the work completes
+  int world = 1;
+};
+
+/// All-gathers the params' padded shards. `input` may be given (a post-forward slab, see
+/// Note [Reshard to a smaller group]); by default the shards are copied into one buffer.
+/// `output_world` is the number of rank blocks in the output (the full world size).
+AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
+                                   const FlatLayout& layout, const ProcessGroupPtr& group,
+                                   const std::string& label, at::Tensor input = {});
+
+/// Copies a completed all-gather's output into each param's (allocated) padded unsharded
+/// tensor.
+void foreach_all_gather_copy_out(const AllGatherResult& result,
+                                 const std::vector<ShardedParam*>& params,
+                                 const FlatLayout& layout);
+
+struct ReduceScatterResult {
+  WorkPtr work;
+  at::Tensor output;           // [total], this rank's summed shards
+  at::Tensor input;            // kept alive until the work completes
+  std::vector<bool> has_grad;  // per param: did any gradient arrive on this rank
+  int world = 1;
+};
+
+/// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards.
+ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
+                                   const std::vector<at::Tensor>& unsharded_grads,
+                                   const FlatLayout& layout, const ProcessGroupPtr& group,
+                                   const std::string& label);
+
+/// The reduced, averaged shard gradient of param i ([local_rows, ...]) from a completed
+/// reduce-scatter: a view into result.output.
+at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,
+                              int64_t offset);
+
+}  // namespace tdist::fsdp::detail

@@ -1,0 +1,51 @@
+#pragma once
+
+// What the param groups of one FSDP tree share: the all-gather rate limit, the one pending
+// reduce-scatter, and the forward order used for prefetching. Owned by the root state.
+
+#include <deque>
+#include <vector>
+
+namespace tdist::fsdp::detail {
+
+class ParamGroup;
+
+class CommContext {
+ public:
+  /// Note [All-gather rate limit]
+  /// At most `all_gather_limit` all-gathers may be in flight (issued, not yet waited).
+  /// Issuing one more first finishes the oldest. Each in-flight all-gather holds a full
+  /// unsharded copy of its group, so this bounds memory to ~limit extra groups.
+  int all_gather_limit = 2;
+  bool prefetch = true;
+
+  /// Called by a group before it issues its all-gather / after it waited for it.
+  void before_all_gather(ParamGroup* group);
+  void after_all_gather(ParamGroup* group);
+  int in_flight() const { return static_cast<int>(in_flight_.size()); }
+
+  /// Note [One pending reduce-scatter]
+  /// A reduce-scatter's input is a full-size gradient buffer; keeping them all until the end
+  /// of backward would hold the whole unsharded gradient. So a group's reduce-scatter is
+  /// finished when the next group issues its own (or at the end of backward).
+  void set_pending_reduce(ParamGroup* group);
+  void finish_pending_reduce();
+
+  /// Orders recorded during the first forward (Note [Prefetch order]).
+  void record_forward(ParamGroup* group);
+  void record_post_forward(ParamGroup* group);
+  void freeze_order() { order_frozen_ = !forward_order_.empty(); }
+  bool order_frozen() const { return order_frozen_; }
+  /// The group to prefetch after `group`'s forward / backward unshard (nullptr if none).
+  ParamGroup* next_forward(const ParamGroup* group) const;
+  ParamGroup* next_backward(const ParamGroup* group) const;
+
+ private:
+  std::deque<ParamGroup*> in_flight_;
+  ParamGroup* pending_reduce_ = nullptr;
+  std::vector<ParamGroup*> forward_order_;
+  std::vector<ParamGroup*> post_forward_order_;
+  bool order_frozen_ = false;
+};
+
+}  // namespace tdist::fsdp::detail

@@ -1,0 +1,180 @@
+#include "fsdp/fsdp_state.h"
+
+#include <chrono>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "fsdp/autograd_hooks.h"
+#include "fsdp/registry.h"
+#include "tdist/error.h"
+
+namespace tdist::fsdp::detail {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Adds the hook's own CPU time (wall time minus time blocked on collectives) to the stats.
+class HookTimer {
+ public:
+  explicit HookTimer(FSDPStats& stats) : stats_(stats), begin_(now_ns()), wait0_(stats.wait_ns) {}
+  ~HookTimer() { stats_.hook_cpu_ns += (now_ns() - begin_) - (stats_.wait_ns - wait0_); }
+
+ private:
+  FSDPStats& stats_;
+  int64_t begin_;
+  int64_t wait0_;
+};
+
+}  // namespace
+
+FSDPState::FSDPState(std::weak_ptr<torch::nn::Module> module, std::unique_ptr<ParamGroup> group,
+                     FullyShardOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {}
+
+void FSDPState::set_label(std::string label) {
+  label_ = std::move(label);
+  if (group_) group_->set_label(label_);
+}
+
+FSDPState* FSDPState::top() const {
+  const FSDPState* s = this;
+  while (s->parent_ != nullptr) s = s->parent_;
+  return const_cast<FSDPState*>(s);
+}
+
+// The first state whose forward runs with no FSDP ancestor is the root: it owns the comm
+// context that every group in its tree shares, and finishes backward.
+void FSDPState::lazy_init() {
+  auto module = module_.lock();
+  if (!module) TDIST_THROW(Error, "FSDP: the module of '" + label_ + "' no longer exists");
+  is_root_ = true;
+  comm_ = std::make_unique<CommContext>();
+  comm_->all_gather_limit = options_.all_gather_limit();
+  comm_->prefetch = options_.prefetch();
+  tree_.clear();
+  // Module order is the same on every rank, so tree_ (and the order of the collectives
+  // the end-of-backward callback issues) is too.
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    FSDPState* s = find_state(*m);
+    if (s == nullptr || s->top() != this) continue;
+    tree_.push_back(s);
+    s->initialized_ = true;
+    if (s->group_) {
+      s->group_->set_comm_context(comm_.get());
+      s->group_->set_is_root(s == this);
+    }
+  }
+}
+
+std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
+  HookTimer timer(stats());
+  FSDPState* root = top();
+  if (root != this && !root->in_forward_) {
+    TDIST_THROW(Error, "FSDP: module '" + label_ +
+                           "' was called through tdist::fsdp::forward while its root "
+                           "fully_shard'ed module was not in forward. Call the root as "
+                           "tdist::fsdp::forward(model, ...), not model->forward(...)");
+  }
+  if (root == this) {
+    if (!initialized_) lazy_init();
+    in_forward_ = true;
+    for (FSDPState* s : tree_) s->ran_forward_this_step_ = false;
+  }
+  ran_forward_this_step_ = true;
+  if (group_) group_->pre_forward();
+  if (torch::autograd::GradMode::is_enabled()) {
+    inputs = register_post_backward(this, std::move(inputs));
+  }
+  return inputs;
+}
+
+std::vector<at::Tensor> FSDPState::post_forward(std::vector<at::Tensor> outputs) {
+  HookTimer timer(stats());
+  if (group_) group_->post_forward();
+  const bool grad = torch::autograd::GradMode::is_enabled();
+  if (grad) outputs = register_pre_backward(this, std::move(outputs));
+  if (is_root_) {
+    in_forward_ = false;
+    if (!comm_->order_frozen()) comm_->freeze_order();
+    // Note [Bypass check]: once, on the first forward that builds a graph.
+    if (grad && !bypass_checked_) {
+      bypass_checked_ = true;
+      check_no_bypass(outputs);
+    }
+    ++forwards_;
+  }
+  return outputs;
+}
+
+void FSDPState::pre_backward() {
+  HookTimer timer(stats());
+  FSDPState* root = top();
+  if (!root->callback_queued_) {
+    root->callback_queued_ = true;
+    queue_end_of_backward_callback([root] { root->root_post_backward_final_callback(); });
+  }
+  if (group_) group_->pre_backward();
+}
+
+void FSDPState::post_backward() {
+  HookTimer timer(stats());
+  if (group_) group_->post_backward();
+}
+
+void FSDPState::root_post_backward_final_callback() {
+  HookTimer timer(stats());
+  callback_queued_ = false;
+  for (FSDPState* s : tree_) {
+    if (s->group_) s->group_->finalize_backward();
+  }
+  if (comm_) comm_->finish_pending_reduce();
+}
+
+// Note [Bypass check]
+// A sharded module called as block(x) or block->forward(x) instead of through
+// tdist::fsdp::forward would compute on its shards. Its parameters then reach the autograd
+// graph without its pre-forward having run; the root checks this on the first forward
+// (shapes are the same every step) and raises, naming the parameter and the fix.
+void FSDPState::check_no_bypass(const std::vector<at::Tensor>& outputs) const {
+  std::unordered_map<const c10::TensorImpl*, std::pair<const FSDPState*, std::string>> owner;
+  for (const FSDPState* s : tree_) {
+    if (!s->group_) continue;
+    for (const auto& p : s->group_->params()) {
+      owner[p->param().unsafeGetTensorImpl()] = {s, p->fqn()};
+    }
+  }
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& t : outputs) {
+    if (t.defined() && t.grad_fn()) stack.push_back(t.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      auto it = owner.find(acc->variable.unsafeGetTensorImpl());
+      if (it != owner.end() && !it->second.first->ran_forward_this_step_) {
+        const std::string& module = it->second.first->label_;
+        TDIST_THROW(Error, "FSDP: parameter '" + it->second.second + "' of sharded module '" +
+                               module +
+                               "' was used in forward while sharded: the module was called "
+                               "bypassing FSDP (block(x) or block->forward(x)). Call it as "
+                               "tdist::fsdp::forward(block, x)");
+      }
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+}
+
+}  // namespace tdist::fsdp::detail

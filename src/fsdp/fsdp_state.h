@@ -1,0 +1,64 @@
+#pragma once
+
+// FSDPState: one per fully_shard'ed module. Owns root detection, lazy init and the hook
+// entry points; each hook only calls ParamGroup verbs (see param_group.cpp).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "fsdp/comm_context.h"
+#include "fsdp/param_group.h"
+#include "tdist/fsdp/fully_shard.h"
+
+namespace tdist::fsdp::detail {
+
+class FSDPState {
+ public:
+  FSDPState(std::weak_ptr<torch::nn::Module> module, std::unique_ptr<ParamGroup> group,
+            FullyShardOptions options);
+
+  const std::string& label() const { return label_; }
+  void set_label(std::string label);
+  ParamGroup* group() const { return group_.get(); }
+  FSDPState* parent() const { return parent_; }
+  void set_parent(FSDPState* parent) { parent_ = parent; }
+  const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
+  FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
+  bool is_root() const { return is_root_; }
+
+  // ---- hook entry points ----
+  std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs);
+  std::vector<at::Tensor> post_forward(std::vector<at::Tensor> outputs);
+  void pre_backward();   // from autograd, before the module's backward
+  void post_backward();  // from autograd, once the module's input grads are computed
+  void root_post_backward_final_callback();
+
+ private:
+  void lazy_init();
+  FSDPState* top() const;
+  void check_no_bypass(const std::vector<at::Tensor>& outputs) const;
+
+  std::weak_ptr<torch::nn::Module> module_;
+  std::unique_ptr<ParamGroup> group_;
+  FullyShardOptions options_;
+  std::string label_;
+  FSDPState* parent_ = nullptr;  // the fully_shard'ed module containing this one
+
+  // Set by lazy_init on the root only.
+  bool initialized_ = false;
+  bool is_root_ = false;
+  std::vector<FSDPState*> tree_;  // every state under the root, the root included
+  std::unique_ptr<CommContext> comm_;
+  bool in_forward_ = false;
+  bool callback_queued_ = false;
+  bool bypass_checked_ = false;
+  int forwards_ = 0;
+  bool ran_forward_this_step_ = false;
+  FSDPStats stats_;  // used when the module has no own parameters
+};
+
+}  // namespace tdist::fsdp::detail

@@ -1,0 +1,231 @@
+#include "tdist/fsdp/fully_shard.h"
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/fsdp_state.h"
+#include "fsdp/registry.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/error.h"
+#include "tdist/fsdp/forward.h"
+
+namespace tdist::fsdp {
+
+namespace detail {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<FSDPState>> states;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked: states may outlive static destruction
+  return *r;
+}
+
+// Drops states whose module is gone (a new module may reuse the address).
+void prune_locked(Registry& r) {
+  for (auto it = r.states.begin(); it != r.states.end();) {
+    if (it->second->module().expired()) {
+      it = r.states.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// The k-rank group this rank belongs to, for reshard_after_forward = k. Created once per
+// (group, k); every rank of the group takes part in creating all of them.
+ProcessGroupPtr post_forward_group(const ProcessGroupPtr& group, int k) {
+  static std::mutex mutex;
+  static std::map<std::pair<const ProcessGroup*, int>, ProcessGroupPtr> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto key = std::make_pair(group.get(), k);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  TDIST_CHECK_ARG(group->size() == get_world_size(),
+                  "fully_shard: an integer reshard_after_forward needs the world group (the "
+                  "k-rank groups are created with new_group over all ranks)");
+  ProcessGroupPtr mine;
+  for (int b = 0; b < group->size() / k; ++b) {
+    std::vector<int> ranks;
+    for (int i = 0; i < k; ++i) ranks.push_back(group->global_rank(b * k + i));
+    ProcessGroupPtr g = new_group(ranks);
+    if (g->is_member()) mine = g;
+  }
+  cache[key] = mine;
+  return mine;
+}
+
+}  // namespace
+
+FSDPState* find_state(const torch::nn::Module& module) {
+  return find_state_ptr(module).get();
+}
+
+std::shared_ptr<FSDPState> find_state_ptr(const torch::nn::Module& module) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.states.find(&module);
+  if (it == r.states.end() || it->second->module().expired()) return nullptr;
+  return it->second;
+}
+
+void register_state(const torch::nn::Module& module, std::shared_ptr<FSDPState> state) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  prune_locked(r);
+  auto [it, inserted] = r.states.emplace(&module, std::move(state));
+  if (!inserted) {
+    TDIST_THROW(InvalidArgument, "fully_shard: module '" + module.name() +
+                                     "' is already sharded; apply fully_shard once per module");
+  }
+}
+
+FSDPState& state_of(const torch::nn::Module& module) {
+  FSDPState* state = find_state(module);
+  if (state == nullptr) {
+    TDIST_THROW(InvalidArgument, "tdist::fsdp::forward: module '" + module.name() +
+                                     "' was not passed to fully_shard; call "
+                                     "tdist::fsdp::fully_shard(module) first (bottom-up: "
+                                     "blocks, then the root)");
+  }
+  return *state;
+}
+
+std::vector<at::Tensor> run_pre_forward(FSDPState& state, std::vector<at::Tensor> inputs) {
+  return state.pre_forward(std::move(inputs));
+}
+
+std::vector<at::Tensor> run_post_forward(FSDPState& state, std::vector<at::Tensor> outputs) {
+  return state.post_forward(std::move(outputs));
+}
+
+}  // namespace detail
+
+FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
+                       const FullyShardOptions& options) {
+  TDIST_CHECK_ARG(module != nullptr, "fully_shard: module is null");
+  ProcessGroupPtr group = options.process_group() ? options.process_group() : nullptr;
+  if (options.mesh()) {
+    TDIST_CHECK_ARG(options.mesh()->ndim() == 1,
+                    "fully_shard: only a 1-D mesh is supported so far, got " +
+                        options.mesh()->to_string() + "; pass mesh[\"shard_dim_name\"]");
+    group = options.mesh()->get_group();
+  }
+  if (!group) group = group_world();
+  TDIST_CHECK_ARG(group->is_member(), "fully_shard: rank " + std::to_string(get_rank()) +
+                                          " is not a member of the group to shard over");
+  const int world = group->size();
+  const int rank = group->rank();
+  int k = options.reshard_after_forward().group_size();
+  TDIST_CHECK_ARG(k >= 0 && (k == 0 || world % k == 0),
+                  "fully_shard: reshard_after_forward=" + std::to_string(k) + " on rank " +
+                      std::to_string(rank) + " must divide the group size " +
+                      std::to_string(world) + " (or be true/false)");
+  TDIST_CHECK_ARG(options.all_gather_limit() >= 1, "fully_shard: all_gather_limit must be >= 1");
+  if (k == world) k = 0;  // a k-group the size of the world is plain resharding
+
+  // Parameters this call manages: those not under an already sharded submodule (bottom-up).
+  std::vector<std::pair<std::string, at::Tensor>> managed;
+  std::vector<std::pair<std::string, detail::FSDPState*>> children;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::function<void(torch::nn::Module&, const std::string&)> walk =
+      [&](torch::nn::Module& m, const std::string& prefix) {
+        for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+          if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+            managed.emplace_back(prefix + item.key(), item.value());
+          }
+        }
+        for (const auto& child : m.named_children()) {
+          if (detail::FSDPState* s = detail::find_state(*child.value())) {
+            children.emplace_back(prefix + child.key(), s);
+            continue;
+          }
+          walk(*child.value(), prefix + child.key() + ".");
+        }
+      };
+  walk(*module, "");
+
+  ProcessGroupPtr small_group;
+  if (k > 1) small_group = detail::post_forward_group(group, k);
+
+  std::unique_ptr<detail::ParamGroup> param_group;
+  if (!managed.empty()) {
+    std::vector<std::unique_ptr<detail::ShardedParam>> params;
+    for (auto& [name, tensor] : managed) {
+      params.push_back(std::make_unique<detail::ShardedParam>(name, tensor, world, rank));
+    }
+    param_group = std::make_unique<detail::ParamGroup>(
+        "", std::move(params), group, k == 0 ? ReshardAfterForward(true) : ReshardAfterForward(k),
+        small_group);
+  }
+  auto state = std::make_shared<detail::FSDPState>(module, std::move(param_group), options);
+  state->set_label("root");
+  for (auto& [name, child] : children) {
+    if (child->parent() == nullptr) child->set_parent(state.get());
+    if (child->label() == "root") child->set_label(name);
+  }
+  detail::register_state(*module, state);
+  return FSDPModule(state);
+}
+
+FSDPModule fsdp_module(const torch::nn::Module& module) {
+  auto state = detail::find_state_ptr(module);
+  if (!state) {
+    TDIST_THROW(InvalidArgument,
+                "fsdp_module: module '" + module.name() + "' was not passed to fully_shard");
+  }
+  return FSDPModule(state);
+}
+
+bool is_fully_sharded(const torch::nn::Module& module) {
+  return detail::find_state(module) != nullptr;
+}
+
+// ---- FSDPModule -------------------------------------------------------------------------
+
+detail::FSDPState& FSDPModule::state() const {
+  if (!state_) TDIST_THROW(InvalidArgument, "FSDPModule: empty handle");
+  return *state_;
+}
+
+void FSDPModule::unshard(bool async_op) {
+  if (auto* g = state().group()) g->unshard(async_op);
+}
+
+void FSDPModule::wait_for_unshard() {
+  if (auto* g = state().group()) g->wait_for_unshard();
+}
+
+void FSDPModule::reshard() {
+  if (auto* g = state().group()) g->reshard();
+}
+
+bool FSDPModule::is_unsharded() const {
+  auto* g = state().group();
+  return g != nullptr && g->shard_state() == detail::ShardState::kUnsharded;
+}
+
+size_t FSDPModule::unsharded_bytes() const {
+  auto* g = state().group();
+  return g ? g->unsharded_bytes() : 0;
+}
+
+const FSDPStats& FSDPModule::stats() const {
+  return state().stats();
+}
+
+void FSDPModule::reset_stats() {
+  state().stats() = FSDPStats();
+}
+
+const std::string& FSDPModule::label() const {
+  return state().label();
+}
+
+}  // namespace tdist::fsdp

@@ -1,0 +1,19 @@
+#pragma once
+
+// Module -> FSDPState, for every module fully_shard was applied to.
+
+#include <memory>
+
+#include <torch/nn/module.h>
+
+namespace tdist::fsdp::detail {
+
+class FSDPState;
+
+/// The state of `module`, or nullptr.
+FSDPState* find_state(const torch::nn::Module& module);
+std::shared_ptr<FSDPState> find_state_ptr(const torch::nn::Module& module);
+/// Registers a new state; throws if the module already has one.
+void register_state(const torch::nn::Module& module, std::shared_ptr<FSDPState> state);
+
+}  // namespace tdist::fsdp::detail

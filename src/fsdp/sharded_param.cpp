@@ -1,0 +1,103 @@
+#include "fsdp/sharded_param.h"
+
+#include <ATen/ATen.h>
+
+#include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
+
+namespace tdist::fsdp::detail {
+
+ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank)
+    : fqn_(std::move(fqn)), param_(std::move(param)) {
+  TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
+  layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank);
+  at::NoGradGuard no_grad;
+  const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
+  padded_shard_ = at::zeros(layout_.padded_shard_shape(), param_.options());
+  if (layout_.local_rows > 0) {
+    padded_shard_.view({layout_.shard_rows, layout_.row_numel})
+        .narrow(0, 0, layout_.local_rows)
+        .copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
+  }
+  local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
+  padded_unsharded_ = at::empty(layout_.padded_unsharded_shape(), param_.options());
+  unsharded_view_ = padded_unsharded_.narrow(0, 0, layout_.dim0).view(param_.sizes());
+  util::set_data_in_place(param_, local_shard_);
+  util::free_storage(padded_unsharded_);
+  holds_unsharded_ = false;
+}
+
+void ShardedParam::alloc_unsharded() {
+  const size_t nbytes =
+      static_cast<size_t>(padded_unsharded_.numel()) * padded_unsharded_.element_size();
+  util::allocate_storage(padded_unsharded_, nbytes);
+}
+
+void ShardedParam::free_unsharded() {
+  if (holds_unsharded_) {
+    TDIST_THROW(Error, "FSDP internal: freeing the unsharded storage of '" + fqn_ +
+                           "' while the parameter still holds it");
+  }
+  util::free_storage(padded_unsharded_);
+}
+
+size_t ShardedParam::unsharded_nbytes() const {
+  return util::storage_nbytes(padded_unsharded_);
+}
+
+void ShardedParam::use_unsharded() {
+  if (holds_unsharded_) return;
+  util::set_data_in_place(param_, unsharded_view_);
+  holds_unsharded_ = true;
+}
+
+void ShardedParam::use_sharded() {
+  if (!holds_unsharded_) return;
+  util::set_data_in_place(param_, local_shard_);
+  holds_unsharded_ = false;
+}
+
+void ShardedParam::stash_sharded_grad() {
+  at::Tensor& grad = param_.mutable_grad();
+  if (!grad.defined()) return;
+  if (grad.sizes() != local_shard_.sizes()) {
+    // An unsharded gradient left over means a backward did not finish through FSDP.
+    TDIST_THROW(Error, "FSDP: parameter '" + fqn_ +
+                           "' has a gradient of unsharded shape before backward; a previous "
+                           "backward bypassed FSDP. Call modules through tdist::fsdp::forward");
+  }
+  if (stashed_grad_.defined()) {
+    stashed_grad_.add_(grad);
+  } else {
+    stashed_grad_ = grad;
+  }
+  grad = at::Tensor();
+}
+
+at::Tensor ShardedParam::take_unsharded_grad() {
+  at::Tensor& grad = param_.mutable_grad();
+  at::Tensor out = grad;
+  grad = at::Tensor();
+  return out;
+}
+
+void ShardedParam::accumulate_sharded_grad(const at::Tensor& grad) {
+  at::Tensor& slot = param_.mutable_grad();
+  at::Tensor total = std::move(stashed_grad_);
+  stashed_grad_ = at::Tensor();
+  if (grad.defined()) {
+    if (total.defined()) {
+      total.add_(grad);
+    } else {
+      total = grad;
+    }
+  }
+  if (slot.defined() && total.defined()) {
+    // A gradient that appeared outside backward (user code) is kept, not overwritten.
+    slot = slot + total;
+  } else if (total.defined()) {
+    slot = total;
+  }
+}
+
+}  // namespace tdist::fsdp::detail

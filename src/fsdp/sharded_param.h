@@ -1,0 +1,75 @@
+#pragma once
+
+// ShardedParam: one parameter's sharded storage and its unsharded view.
+//
+// Note [Parameter identity]
+// The module's parameter P (its TensorImpl, shared by the module's member field, the
+// parameter dict and the optimizer) is never replaced. FSDP switches what P *holds* with
+// util::set_data_in_place: at rest P holds this rank's unpadded dim-0 shard (so
+// module.parameters() are the sharded parameters and any torch::optim optimizer steps them,
+// with 1/N of the state); while unsharded P holds the first dim0 rows of the padded
+// unsharded tensor. set_data keeps P's version counter, so tensors autograd saved from P stay
+// valid across reshard/unshard.
+//
+// Note [Freeing unsharded storage]
+// Autograd may save views of the unsharded parameter (e.g. weight.t() for addmm). Instead of
+// allocating a new tensor per unshard, the padded unsharded tensor keeps one StorageImpl for
+// its life: reshard frees its bytes in place (util::free_storage, 0 bytes held) and unshard
+// re-allocates them in place, so those saved views see the re-gathered data in backward.
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdist/fsdp/shard_layout.h"
+
+namespace tdist::fsdp::detail {
+
+class ShardedParam {
+ public:
+  /// Shards `param` (currently holding its full data, identical on all ranks) in place.
+  ShardedParam(std::string fqn, at::Tensor param, int world, int rank);
+
+  const std::string& fqn() const { return fqn_; }
+  const at::Tensor& param() const { return param_; }
+  const ShardLayout& layout() const { return layout_; }
+
+  /// This rank's padded shard, flat (padded_shard_numel elements): the all-gather input.
+  at::Tensor padded_shard_flat() const { return padded_shard_.view({-1}); }
+  /// The padded unsharded tensor [world*shard_rows, ...]; its storage may hold 0 bytes.
+  const at::Tensor& padded_unsharded() const { return padded_unsharded_; }
+
+  /// Re-allocates the unsharded storage in place (Note [Freeing unsharded storage]).
+  void alloc_unsharded();
+  /// Frees the unsharded storage in place; the parameter must hold its shard.
+  void free_unsharded();
+  /// Bytes the unsharded storage holds now (0 when resharded).
+  size_t unsharded_nbytes() const;
+
+  /// Points P at its unsharded data / at its shard (Note [Parameter identity]).
+  void use_unsharded();
+  void use_sharded();
+  bool holds_unsharded() const { return holds_unsharded_; }
+
+  /// Before backward: moves P's sharded gradient aside so autograd accumulates the
+  /// unsharded gradient into an empty .grad.
+  void stash_sharded_grad();
+  /// Takes the unsharded gradient autograd produced (undefined if none) and clears P.grad.
+  at::Tensor take_unsharded_grad();
+  /// Adds this step's reduced shard gradient [local_rows, ...] to the stashed one and
+  /// installs the sum as P.grad. `grad` undefined: just restores the stash.
+  void accumulate_sharded_grad(const at::Tensor& grad);
+
+ private:
+  std::string fqn_;
+  at::Tensor param_;  // the module's parameter (identity never changes)
+  ShardLayout layout_;
+  at::Tensor padded_shard_;      // [shard_rows, ...], owns the sharded bytes
+  at::Tensor local_shard_;       // padded_shard_[:local_rows], what P holds at rest
+  at::Tensor padded_unsharded_;  // [world*shard_rows, ...], storage freed when sharded
+  at::Tensor unsharded_view_;    // padded_unsharded_[:dim0] reshaped to the param's shape
+  at::Tensor stashed_grad_;      // sharded grad kept aside during backward
+  bool holds_unsharded_ = false;
+};
+
+}  // namespace tdist::fsdp::detail

@@ -1,0 +1,111 @@
+// Memory, in bytes: unsharded storage is really freed after forward/backward, and per-rank
+// model state (parameters + gradients + AdamW state) is 1/N of the unsharded model's.
+#include <gtest/gtest.h>
+
+#include <unordered_set>
+
+#include "fsdp/tiny_transformer.h"
+#include "support/ranks.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/fsdp/forward.h"
+#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/shard_layout.h"
+
+namespace tdist::fsdp {
+namespace {
+
+using testing::TinyConfig;
+
+TinyConfig wide_config() {
+  TinyConfig c;
+  c.width = 64;
+  c.heads = 4;
+  c.hidden = 256;
+  c.vocab = 128;
+  return c;
+}
+
+// Bytes of distinct storages behind `tensors`.
+size_t unique_storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  size_t total = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    if (seen.insert(t.storage().unsafeGetStorageImpl()).second) total += t.storage().nbytes();
+  }
+  return total;
+}
+
+TDIST_SCENARIO(fsdp_memory) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size();
+  const int rank = get_rank();
+  const TinyConfig c = wide_config();
+
+  // Unsharded sizes from an untouched copy.
+  int64_t psi = 0, padded_psi = 0;
+  for (const auto& p : testing::make_tiny(c)->parameters()) {
+    psi += p.numel();
+    padded_psi += ShardLayout::compute(p.sizes().vec(), world, rank).padded_shard_numel();
+  }
+
+  for (bool reshard : {true, false}) {
+    auto model = testing::make_tiny(c);
+    std::vector<FSDPModule> blocks;
+    for (auto& block : model->blocks) {
+      blocks.push_back(fully_shard(block, FullyShardOptions().reshard_after_forward(reshard)));
+    }
+    FSDPModule root = fully_shard(model, FullyShardOptions().reshard_after_forward(reshard));
+    for (auto& b : blocks) EXPECT_EQ(b.unsharded_bytes(), 0u) << "sharded right after fully_shard";
+    auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto [x, y] = testing::tiny_batch(c, 2 * world, 0);
+    x = x.narrow(0, 2 * rank, 2);
+    y = y.narrow(0, 2 * rank, 2);
+    auto loss = testing::lm_loss(tdist::fsdp::forward(model, x), y);
+    for (auto& b : blocks) {
+      if (reshard) {
+        EXPECT_EQ(b.unsharded_bytes(), 0u) << b.label() << ": freed after its forward";
+        EXPECT_FALSE(b.is_unsharded());
+      } else {
+        EXPECT_GT(b.unsharded_bytes(), 0u) << b.label() << ": kept for backward (ZeRO-2)";
+        EXPECT_TRUE(b.is_unsharded());
+      }
+    }
+    loss.backward();
+    for (auto& b : blocks) EXPECT_EQ(b.unsharded_bytes(), 0u) << b.label() << " after backward";
+    EXPECT_EQ(root.unsharded_bytes(), 0u) << "root after backward";
+    opt.step();
+
+    // Model state per rank vs 16 bytes * psi / N (fp32 param + grad + Adam m and v).
+    std::vector<at::Tensor> params, grads, states;
+    for (const auto& p : model->parameters()) {
+      params.push_back(p);
+      grads.push_back(p.grad());
+    }
+    for (const auto& kv : opt.state()) {
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*kv.second);
+      states.push_back(s.exp_avg());
+      states.push_back(s.exp_avg_sq());
+    }
+    const double measured = static_cast<double>(
+        unique_storage_bytes(params) + unique_storage_bytes(grads) + unique_storage_bytes(states));
+    const double ideal = 16.0 * static_cast<double>(psi) / world;
+    const double with_padding = 16.0 * static_cast<double>(padded_psi);
+    std::cout << "rank " << rank << " reshard " << reshard << ": model state " << measured
+              << " B, 16*psi/N " << ideal << " B, padded " << with_padding << " B" << std::endl;
+    EXPECT_LE(measured, 1.05 * with_padding);
+    EXPECT_GE(measured, 0.95 * ideal);
+    EXPECT_LE(with_padding, 1.05 * ideal) << "padding of the wide model is small";
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPMemory, UnshardedFreedAndStateIsOneOverN) {
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("fsdp_memory", world));
+  }
+}
+
+}  // namespace
+}  // namespace tdist::fsdp

@@ -1,0 +1,67 @@
+#include "fsdp/tiny_transformer.h"
+
+#include <cmath>
+
+#include "tdist/fsdp/forward.h"
+
+namespace tdist::fsdp::testing {
+
+TinyBlockImpl::TinyBlockImpl(const TinyConfig& c) : config(c) {
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width})));
+  // No qkv bias: softmax is invariant to the key bias, so its gradient is pure rounding noise
+  // that Adam would amplify to +-lr per step, differently in any two summation orders.
+  qkv = register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(c.width, 3 * c.width).bias(false)));
+  proj = register_module("proj", torch::nn::Linear(c.width, c.width));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width})));
+  fc1 = register_module("fc1", torch::nn::Linear(c.width, c.hidden));
+  fc2 = register_module("fc2", torch::nn::Linear(c.hidden, c.width));
+}
+
+torch::Tensor TinyBlockImpl::forward(torch::Tensor x) {
+  const int64_t b = x.size(0), t = x.size(1), w = config.width, h = config.heads;
+  auto q_k_v = qkv(ln1(x)).chunk(3, -1);
+  auto split = [&](const torch::Tensor& y) { return y.view({b, t, h, w / h}).transpose(1, 2); };
+  auto q = split(q_k_v[0]), k = split(q_k_v[1]), v = split(q_k_v[2]);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(w / h));
+  auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+  att = att.masked_fill(mask, -1e9).softmax(-1);
+  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, w});
+  x = x + proj(y);
+  return x + fc2(torch::gelu(fc1(ln2(x))));
+}
+
+TinyTransformerImpl::TinyTransformerImpl(const TinyConfig& c) : config(c) {
+  tok = register_module("tok", torch::nn::Embedding(c.vocab, c.width));
+  pos = register_parameter("pos", torch::randn({c.seq, c.width}) * 0.1);
+  for (int64_t i = 0; i < c.blocks; ++i) {
+    blocks.push_back(register_module("block" + std::to_string(i), TinyBlock(c)));
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width})));
+  head = register_module("head", torch::nn::Linear(c.width, c.vocab));
+}
+
+torch::Tensor TinyTransformerImpl::forward(torch::Tensor idx) {
+  auto x = tok(idx) + pos.narrow(0, 0, idx.size(1));
+  for (auto& block : blocks) x = tdist::fsdp::forward(block, x);  // was: x = block(x)
+  return head(ln_f(x));
+}
+
+TinyTransformer make_tiny(const TinyConfig& c, uint64_t seed) {
+  torch::manual_seed(seed);
+  return TinyTransformer(c);
+}
+
+std::pair<torch::Tensor, torch::Tensor> tiny_batch(const TinyConfig& c, int64_t global_batch,
+                                                   int step) {
+  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + step));
+  auto tokens = torch::randint(c.vocab, {global_batch, c.seq + 1}, gen, torch::kLong);
+  return {tokens.narrow(1, 0, c.seq), tokens.narrow(1, 1, c.seq)};
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}));
+}
+
+}  // namespace tdist::fsdp::testing

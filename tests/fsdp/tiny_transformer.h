@@ -1,0 +1,57 @@
+#pragma once
+
+// A tiny GPT-style transformer for FSDP tests: token + position embeddings, pre-LN blocks
+// (causal self-attention, MLP), final LayerNorm and a vocabulary head. Each block is called
+// through tdist::fsdp::forward, which runs a plain forward when the block is not sharded,
+// so the same model serves as the single-process reference.
+
+#include <torch/torch.h>
+
+namespace tdist::fsdp::testing {
+
+struct TinyConfig {
+  int64_t vocab = 23;
+  int64_t width = 16;
+  int64_t heads = 2;
+  int64_t hidden = 32;
+  int64_t seq = 8;
+  int64_t blocks = 2;
+};
+
+class TinyBlockImpl : public torch::nn::Module {
+ public:
+  explicit TinyBlockImpl(const TinyConfig& c);
+  torch::Tensor forward(torch::Tensor x);
+
+  TinyConfig config;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(TinyBlock);
+
+class TinyTransformerImpl : public torch::nn::Module {
+ public:
+  explicit TinyTransformerImpl(const TinyConfig& c);
+  /// idx: [batch, seq] token ids -> logits [batch, seq, vocab].
+  torch::Tensor forward(torch::Tensor idx);
+
+  TinyConfig config;
+  torch::nn::Embedding tok{nullptr};
+  torch::Tensor pos;
+  std::vector<TinyBlock> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TinyTransformer);
+
+/// A model with deterministic weights (same on every process).
+TinyTransformer make_tiny(const TinyConfig& c, uint64_t seed = 1234);
+
+/// The global batch of `step`: `global_batch` rows of (input, target) token ids.
+std::pair<torch::Tensor, torch::Tensor> tiny_batch(const TinyConfig& c, int64_t global_batch,
+                                                   int step);
+
+/// Mean cross-entropy of next-token prediction.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+}  // namespace tdist::fsdp::testing
