@@ -1,0 +1,62 @@
+#pragma once
+
+// Step-numbered checkpoints under one root, the last `keep_last` kept, resuming from the
+// newest valid one. Layout: <root>/step_00000120/ (a checkpoint, see checkpoint.h).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tdist/arg.h"
+#include "tdist/checkpoint/checkpoint.h"
+
+namespace tdist::checkpoint {
+
+struct CheckpointManagerOptions {
+  /// Complete checkpoints to keep; older ones are deleted after each successful save.
+  TDIST_ARG(int, keep_last) = 3;
+  TDIST_ARG(CoordinatorPtr, coordinator) = nullptr;
+  /// Passed to every save (the coordinator above wins over the one in here).
+  TDIST_ARG(SaveOptions, save_options) = SaveOptions{};
+  /// Before loading, read every block of a candidate (else only its metadata and sizes);
+  /// corrupt blocks are caught during the load either way.
+  TDIST_ARG(bool, verify_before_load) = false;
+};
+
+struct CheckpointEntry {
+  int64_t step = -1;  // -1 for a partial directory whose step cannot be told
+  std::string path;
+  CheckpointStatus status = CheckpointStatus::kMissing;
+  std::string detail;
+};
+
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::string root, CheckpointManagerOptions options = {});
+
+  /// Collective. Saves into <root>/step_<step>, then applies retention. Returns the path.
+  std::string save(int64_t step, const ShardedStateDict& state, const ExtraState& extra);
+
+  /// Collective. Loads the newest checkpoint that loads on every rank, skipping incomplete or
+  /// corrupt ones with a warning on stderr. nullopt when none is valid (a fresh start).
+  std::optional<LoadResult> load_latest(ShardedStateDict& state, const LoadOptions& options = {});
+
+  /// Every step directory and partial save under root, oldest first, with its status
+  /// (metadata and sizes checked; data blocks not read).
+  std::vector<CheckpointEntry> list() const;
+
+  /// Path of step's directory (whether or not it exists).
+  std::string path_for(int64_t step) const;
+  const std::string& root() const { return root_; }
+
+ private:
+  void apply_retention();
+  CoordinatorPtr coordinator();
+
+  std::string root_;
+  CheckpointManagerOptions options_;
+  CoordinatorPtr coordinator_;
+};
+
+}  // namespace tdist::checkpoint

@@ -1,0 +1,36 @@
+#pragma once
+
+// The small typed training state saved beside the tensors: step, RNG states, data position
+// and anything else as JSON. Each rank's ExtraState is saved; a load at the same world size
+// gives every rank its own, at another world size every rank gets rank 0's.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tdist::checkpoint {
+
+struct ExtraState {
+  /// Optimizer steps taken.
+  int64_t step = 0;
+  /// Where the data loader is (samples or batches consumed; the trainer decides).
+  int64_t data_position = 0;
+  /// Named generator states, e.g. "torch.cpu" -> capture_torch_rng_state().
+  std::map<std::string, std::vector<uint8_t>> rng_states;
+  /// Anything else (learning-rate schedule, config). Must be a JSON object.
+  nlohmann::json user = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  static ExtraState from_json(const nlohmann::json& j);
+  bool operator==(const ExtraState& other) const;
+};
+
+/// The default CPU generator's state (the bytes of at::Generator::get_state()).
+std::vector<uint8_t> capture_torch_rng_state();
+/// Restores what capture_torch_rng_state() returned.
+void restore_torch_rng_state(const std::vector<uint8_t>& state);
+
+}  // namespace tdist::checkpoint

@@ -1,0 +1,57 @@
+#pragma once
+
+// The checkpoint's table of contents, kept in <dir>/metadata.json. Its first line is
+// "tdist-checkpoint v1 crc32c=<8 hex> bytes=<n>" and covers the JSON that follows, so a
+// flipped byte in the metadata is caught like one in the data.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdist/checkpoint/extra_state.h"
+
+namespace tdist::checkpoint {
+
+constexpr const char* kMetadataFile = "metadata.json";
+constexpr int kFormatVersion = 1;
+
+/// One saved slice of a tensor: a box of the global tensor, stored contiguously (row-major).
+struct ChunkInfo {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> sizes;
+  std::string file;
+  int64_t byte_offset = 0;
+  int64_t byte_length = 0;
+};
+
+struct TensorInfo {
+  /// safetensors-style dtype name: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL.
+  std::string dtype;
+  std::vector<int64_t> global_shape;
+  std::vector<ChunkInfo> chunks;
+};
+
+/// A data file and the CRC32C of each block_bytes-sized block (the last may be shorter),
+/// so a reader verifies exactly the blocks it reads.
+struct FileInfo {
+  int rank = -1;
+  int64_t size = 0;
+  int64_t block_bytes = 0;
+  std::vector<uint32_t> block_crc32c;
+};
+
+struct CheckpointMetadata {
+  int version = kFormatVersion;
+  int world_size = 1;
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, FileInfo> files;
+  /// One per saving rank.
+  std::vector<ExtraState> extra_per_rank;
+};
+
+/// Reads and checks <dir>/metadata.json; throws CheckpointError naming the file when it is
+/// missing, truncated or fails its checksum.
+CheckpointMetadata read_metadata(const std::string& dir);
+
+}  // namespace tdist::checkpoint

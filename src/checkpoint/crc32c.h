@@ -1,0 +1,13 @@
+#pragma once
+
+// CRC32C (Castagnoli), hardware-accelerated with SSE4.2 when the CPU has it.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tdist::checkpoint::detail {
+
+/// Extends `crc` (0 to start) over data.
+uint32_t crc32c(uint32_t crc, const void* data, size_t size);
+
+}  // namespace tdist::checkpoint::detail

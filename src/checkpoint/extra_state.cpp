@@ -1,0 +1,52 @@
+#include "tdist/checkpoint/extra_state.h"
+
+#include <cstring>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/empty.h>
+
+#include "checkpoint/metadata_codec.h"
+#include "tdist/error.h"
+
+namespace tdist::checkpoint {
+
+nlohmann::json ExtraState::to_json() const {
+  nlohmann::json rng = nlohmann::json::object();
+  for (const auto& [name, bytes] : rng_states) rng[name] = detail::base64_encode(bytes);
+  return {{"step", step}, {"data_position", data_position}, {"rng_states", rng}, {"user", user}};
+}
+
+ExtraState ExtraState::from_json(const nlohmann::json& j) {
+  ExtraState e;
+  e.step = j.at("step").get<int64_t>();
+  e.data_position = j.at("data_position").get<int64_t>();
+  for (const auto& [name, text] : j.at("rng_states").items()) {
+    e.rng_states[name] = detail::base64_decode(text.get<std::string>());
+  }
+  e.user = j.at("user");
+  return e;
+}
+
+bool ExtraState::operator==(const ExtraState& other) const {
+  return step == other.step && data_position == other.data_position &&
+         rng_states == other.rng_states && user == other.user;
+}
+
+std::vector<uint8_t> capture_torch_rng_state() {
+  auto gen = at::globalContext().defaultGenerator(c10::DeviceType::CPU);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor state = gen.get_state().contiguous();
+  const auto* p = state.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + state.numel());
+}
+
+void restore_torch_rng_state(const std::vector<uint8_t>& state) {
+  auto gen = at::globalContext().defaultGenerator(c10::DeviceType::CPU);
+  at::Tensor t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
+  if (!state.empty()) std::memcpy(t.data_ptr<uint8_t>(), state.data(), state.size());
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+}  // namespace tdist::checkpoint

@@ -1,0 +1,154 @@
+// Pure unit tests: checksums, box arithmetic, metadata encoding, fault specs.
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/box.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/fault.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/metadata_codec.h"
+#include "tdist/error.h"
+
+namespace tdist::checkpoint {
+namespace {
+
+TEST(Crc32c, MatchesKnownVectors) {
+  // RFC 3720 B.4 check value, and 32 zero bytes.
+  EXPECT_EQ(detail::crc32c(0, "123456789", 9), 0xE3069283u);
+  const std::string zeros(32, '\0');
+  EXPECT_EQ(detail::crc32c(0, zeros.data(), zeros.size()), 0x8A9136AAu);
+}
+
+TEST(Crc32c, IncrementalEqualsOneShot) {
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data.push_back(static_cast<char>(i * 31 + 7));
+  const uint32_t whole = detail::crc32c(0, data.data(), data.size());
+  for (size_t cut : {0, 1, 7, 8, 9, 500, 999, 1000}) {
+    uint32_t c = detail::crc32c(0, data.data(), cut);
+    c = detail::crc32c(c, data.data() + cut, data.size() - cut);
+    EXPECT_EQ(c, whole) << "cut at " << cut;
+  }
+}
+
+TEST(BlockChecksummer, BlocksMatchDirectCrcs) {
+  std::string data(300, 'x');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i);
+  detail::BlockChecksummer ck(128);
+  ck.update(data.data(), 100);
+  ck.update(data.data() + 100, 200);
+  const auto crcs = ck.finish();
+  ASSERT_EQ(crcs.size(), 3u);
+  EXPECT_EQ(crcs[0], detail::crc32c(0, data.data(), 128));
+  EXPECT_EQ(crcs[1], detail::crc32c(0, data.data() + 128, 128));
+  EXPECT_EQ(crcs[2], detail::crc32c(0, data.data() + 256, 44));
+}
+
+TEST(Box, IntersectAndRange) {
+  using detail::Box;
+  const Box chunk{{4, 0}, {4, 6}};   // rows 4..7 of a [10, 6] tensor
+  const Box target{{6, 0}, {3, 6}};  // rows 6..8
+  const Box common = detail::intersect(chunk, target);
+  EXPECT_EQ(common.offsets, (std::vector<int64_t>{6, 0}));
+  EXPECT_EQ(common.sizes, (std::vector<int64_t>{2, 6}));
+  const auto r = detail::element_range(chunk, common);
+  EXPECT_EQ(r.first, 12);  // 2 rows in
+  EXPECT_EQ(r.end, 24);
+  EXPECT_EQ(r.strides, (std::vector<int64_t>{6, 1}));
+  EXPECT_EQ(detail::intersect(chunk, Box{{0, 0}, {4, 6}}).numel(), 0);
+
+  // A column split: the range spans rows, the view strides pick the columns.
+  const Box cols{{0, 2}, {3, 2}};
+  const auto rc = detail::element_range(Box{{0, 0}, {3, 6}}, cols);
+  EXPECT_EQ(rc.first, 2);
+  EXPECT_EQ(rc.end, 2 * 6 + 3 + 1);
+
+  // 0-dim: one element.
+  EXPECT_EQ(Box{}.numel(), 1);
+  EXPECT_EQ(detail::element_range(Box{}, Box{}).end, 1);
+  EXPECT_TRUE(detail::box_within(Box{{0, 4}, {3, 2}}, {3, 6}));
+  EXPECT_FALSE(detail::box_within(Box{{0, 5}, {3, 2}}, {3, 6}));
+}
+
+TEST(Base64, RoundTripsEveryLength) {
+  for (size_t n = 0; n < 20; ++n) {
+    std::vector<uint8_t> v;
+    for (size_t i = 0; i < n; ++i) v.push_back(static_cast<uint8_t>(i * 97 + 13));
+    EXPECT_EQ(detail::base64_decode(detail::base64_encode(v)), v) << n;
+  }
+  EXPECT_EQ(detail::base64_encode({'M', 'a', 'n'}), "TWFu");
+  EXPECT_EQ(detail::base64_encode({'M'}), "TQ==");
+}
+
+CheckpointMetadata sample_metadata() {
+  CheckpointMetadata m;
+  m.world_size = 2;
+  m.tensors["w"] = TensorInfo{"F32",
+                              {4, 2},
+                              {ChunkInfo{{0, 0}, {2, 2}, "shard-00000.bin", 0, 16},
+                               ChunkInfo{{2, 0}, {2, 2}, "shard-00001.bin", 0, 16}}};
+  m.files["shard-00000.bin"] = FileInfo{0, 16, 64, {123u}};
+  m.files["shard-00001.bin"] = FileInfo{1, 16, 64, {456u}};
+  ExtraState e;
+  e.step = 42;
+  e.data_position = 9000;
+  e.rng_states["torch.cpu"] = {1, 2, 3, 250};
+  e.user["lr"] = 0.25;
+  m.extra_per_rank = {e, e};
+  m.extra_per_rank[1].step = 43;
+  return m;
+}
+
+TEST(Metadata, EncodeDecodeRoundTrip) {
+  const CheckpointMetadata m = sample_metadata();
+  const CheckpointMetadata d = detail::decode_metadata(detail::encode_metadata(m), "x");
+  EXPECT_EQ(d.world_size, 2);
+  ASSERT_EQ(d.tensors.count("w"), 1u);
+  EXPECT_EQ(d.tensors.at("w").chunks[1].offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(d.files.at("shard-00001.bin").block_crc32c, std::vector<uint32_t>{456u});
+  ASSERT_EQ(d.extra_per_rank.size(), 2u);
+  EXPECT_TRUE(d.extra_per_rank[0] == m.extra_per_rank[0]);
+  EXPECT_EQ(d.extra_per_rank[1].step, 43);
+}
+
+TEST(Metadata, AnyFlippedByteIsCaught) {
+  const std::string bytes = detail::encode_metadata(sample_metadata());
+  int caught = 0;
+  for (size_t i = 0; i < bytes.size(); i += 7) {
+    std::string bad = bytes;
+    bad[i] ^= 0x04;
+    try {
+      detail::decode_metadata(bad, "/ckpt/metadata.json");
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("/ckpt/metadata.json"), std::string::npos);
+      ++caught;
+    }
+  }
+  EXPECT_EQ(caught, static_cast<int>((bytes.size() + 6) / 7));
+  EXPECT_THROW(detail::decode_metadata(bytes.substr(0, bytes.size() - 3), "m"), CheckpointError);
+}
+
+TEST(Fault, ParsesEnvironmentSpec) {
+  ::setenv("TDIST_CHECKPOINT_FAULT", "2:after_write:kill", 1);
+  FaultInjection f = detail::resolve_fault({});
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_EQ(f.phase, SavePhase::kAfterWrite);
+  EXPECT_TRUE(f.kill);
+  ::setenv("TDIST_CHECKPOINT_FAULT", "0:commit", 1);
+  f = detail::resolve_fault({});
+  EXPECT_EQ(f.phase, SavePhase::kCommit);
+  EXPECT_FALSE(f.kill);
+  ::setenv("TDIST_CHECKPOINT_FAULT", "0:nonsense", 1);
+  EXPECT_THROW(detail::resolve_fault({}), InvalidArgument);
+  ::unsetenv("TDIST_CHECKPOINT_FAULT");
+  EXPECT_EQ(detail::resolve_fault({}).rank, -1);
+  EXPECT_THROW(
+      detail::maybe_inject(FaultInjection{1, SavePhase::kPlan, false}, 1, SavePhase::kPlan),
+      CheckpointError);
+  EXPECT_NO_THROW(
+      detail::maybe_inject(FaultInjection{1, SavePhase::kPlan, false}, 0, SavePhase::kPlan));
+}
+
+}  // namespace
+}  // namespace tdist::checkpoint
