@@ -1,7 +1,7 @@
 #pragma once
 
-// The whole public API of tdist in one include. Include only what you use in larger
-// programs: each area's header is self-contained.
+// The whole public API of tdist in one include. Larger programs may include only the areas
+// they use: each header below is self-contained.
 
 #include "tdist/error.h"
 #include "tdist/store/file_store.h"
@@ -9,9 +9,12 @@
 #include "tdist/store/prefix_store.h"
 #include "tdist/store/tcp_store.h"
 #include "tdist/comm/distributed.h"
-#if __has_include("tdist/comm/object_collectives.h")
 #include "tdist/comm/object_collectives.h"
-#endif
-#if __has_include("tdist/mesh/device_mesh.h")
 #include "tdist/mesh/device_mesh.h"
-#endif
+#include "tdist/join/join.h"
+#include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/ddp/zero_redundancy_optimizer.h"
+#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/forward.h"
+#include "tdist/checkpoint/checkpoint.h"
+#include "tdist/checkpoint/checkpoint_manager.h"
