@@ -56,7 +56,13 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     bucket.buffer = at::zeros({numel}, first.options().requires_grad(false));
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const auto& p = params_[bucket.params[k]];
-      bucket.views.push_back(bucket.buffer.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes()));
+      // An alias made with set_() shares the bucket's storage without being an autograd
+      // view, so LibTorch 1.13's Optimizer::zero_grad (which calls detach_() on every
+      // gradient) also works on gradients that are bucket views.
+      at::Tensor alias = at::empty({0}, bucket.buffer.options());
+      alias.set_(bucket.buffer.storage(), bucket.buffer.storage_offset() + bucket.offsets[k],
+                 p.sizes());
+      bucket.views.push_back(alias);
     }
     buckets_.push_back(std::move(bucket));
   }
