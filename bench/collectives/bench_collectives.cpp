@@ -3,7 +3,10 @@
 // is timed). The parent process spawns `--world` copies of itself on loopback.
 //
 //   bench_collectives [--world 2] [--min-bytes 1024] [--max-bytes 268435456] [--step 4]
-//                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d]
+//                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d] [--mpi]
+//
+// --mpi: the ranks are started with mpirun instead, and the table is tdist's MPI backend
+// beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once).
 
 // LibTorch is built with Gloo; its header hides the class unless this is defined.
 #define USE_C10D_GLOO 1
@@ -17,6 +20,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -24,6 +29,9 @@
 #include <vector>
 
 #include "tdist/comm/gloo_backend.h"
+#ifdef TDIST_HAVE_MPI
+#include "tdist/mpi/mpi_backend.h"
+#endif
 #include "tdist/store/file_store.h"
 
 namespace {
@@ -38,6 +46,7 @@ struct Config {
   std::vector<std::string> ops = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
                                   "broadcast", "all_to_all_single"};
   bool c10d = true;
+  bool mpi = false;
 };
 
 // Bus bandwidth factor (nccl-tests' PERFORMANCE.md): what each rank's link must carry.
@@ -57,8 +66,9 @@ struct Impl {
 };
 
 struct TdistImpl : Impl {
-  std::shared_ptr<tdist::GlooBackend> b;
-  std::string name() const override { return "tdist"; }
+  std::shared_ptr<tdist::CollectiveBackend> b;
+  std::string label = "tdist";
+  std::string name() const override { return label; }
   bool has(const std::string&) const override { return true; }
   void run(const std::string& op, at::Tensor& in, at::Tensor& out) override {
     if (op == "all_reduce") {
@@ -138,8 +148,8 @@ struct Result {
   bool ran = false;
 };
 
-Result measure(Impl& impl, tdist::GlooBackend& sync, const std::string& op, int64_t bytes, int rank,
-               int n) {
+Result measure(Impl& impl, tdist::CollectiveBackend& sync, const std::string& op, int64_t bytes,
+               int rank, int n) {
   Result r;
   if (!impl.has(op)) return r;
   const int64_t numel = bytes / 4;
@@ -221,6 +231,70 @@ int child(const Config& cfg, int rank, const std::string& dir) {
   return 0;
 }
 
+// Every rank copies `bytes` at once, like the ranks of a collective share the memory bus;
+// returns the slowest rank's GB/s.
+double memcpy_gbs(tdist::CollectiveBackend& sync, int64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const int iters =
+      static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
+  std::memcpy(b.data(), a.data(), bytes);
+  sync.barrier({})->wait();
+  auto start = Clock::now();
+  for (int i = 0; i < iters; ++i)
+    std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+  double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  at::Tensor t = torch::tensor({us}, torch::kDouble);
+  tdist::AllreduceOptions max;
+  max.op = tdist::ReduceOp::MAX;
+  sync.all_reduce(t, max)->wait();
+  return bytes / (t.item<double>() * 1e3);
+}
+
+#ifdef TDIST_HAVE_MPI
+// Under mpirun: tdist's MPI backend beside tdist's Gloo engine and memcpy.
+int child_mpi(const Config& cfg, const std::string& dir) {
+  const int rank = tdist::mpi::world_rank();
+  const int n = tdist::mpi::world_size();
+  auto store =
+      std::make_shared<tdist::FileStore>(dir + "/tdist_store", -1, std::chrono::seconds(60));
+  auto options = tdist::gloo_options_from_env();
+  if (options.interfaces().empty()) options.hostname("127.0.0.1");
+  TdistImpl gloo;
+  gloo.b = std::make_shared<tdist::GlooBackend>(store, rank, n, std::chrono::seconds(300), options);
+  TdistImpl mpi;
+  mpi.label = "mpi";
+  mpi.b = std::make_shared<tdist::mpi::MPIBackend>(nullptr, rank, n, std::chrono::seconds(300));
+  if (rank == 0) {
+    std::printf(
+        "# world %d, float32, one host; tdist MPI backend (mpirun) beside tdist Gloo "
+        "(shared memory %s) and memcpy; times are the max over ranks\n",
+        n, options.shared_memory() ? "on" : "off");
+    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %9s | %8s %8s\n", "op", "bytes",
+                "mpi_us", "algbw", "busbw", "#wrong", "gloo_us", "busbw", "#wrong", "memcpy",
+                "mpi/mcpy", "mpi/gloo");
+  }
+  for (const auto& op : cfg.ops) {
+    for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
+      Result m = measure(mpi, *gloo.b, op, bytes, rank, n);
+      Result g = measure(gloo, *gloo.b, op, bytes, rank, n);
+      const double mem = memcpy_gbs(*gloo.b, bytes);
+      if (rank != 0) continue;
+      const double f = bus_factor(op, n);
+      auto bus = [&](const Result& r) { return bytes / (r.time_us * 1e3) * f; };
+      std::printf(
+          "%-24s %12lld | %10.1f %8.3f %8.3f %6lld | %10.1f %8.3f %6lld | %9.3f | %7.1f%% %8.2f\n",
+          op.c_str(), (long long)bytes, m.time_us, bytes / (m.time_us * 1e3), bus(m),
+          (long long)m.wrong, g.time_us, bus(g), (long long)g.wrong, mem, 100.0 * bus(m) / mem,
+          bus(m) / bus(g));
+      std::fflush(stdout);
+    }
+  }
+  gloo.b->barrier({})->wait();
+  mpi.b->barrier({})->wait();
+  return 0;
+}
+#endif
+
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -254,18 +328,41 @@ int main(int argc, char** argv) {
       cfg.ops = split(next());
     } else if (a == "--no-c10d") {
       cfg.c10d = false;
+    } else if (a == "--mpi") {
+      cfg.mpi = true;
     } else {
       std::cerr << "usage: " << argv[0]
                 << " [--world N] [--min-bytes B] [--max-bytes B] [--step K] [--ops a,b]"
-                   " [--no-c10d]\n  env: TDIST_GLOO_CHANNELS, GLOO_SOCKET_IFNAME\n";
+                   " [--no-c10d] [--mpi]\n  env: TDIST_GLOO_CHANNELS, TDIST_GLOO_SHM, "
+                   "GLOO_SOCKET_IFNAME\n";
       return a == "--help" ? 0 : 2;
     }
   }
   if (const char* r = std::getenv("BENCH_RANK")) {
     return child(cfg, std::atoi(r), std::getenv("BENCH_DIR"));
   }
+#ifdef TDIST_HAVE_MPI
+  if (cfg.mpi && tdist::mpi::launched_by_mpirun()) return child_mpi(cfg, std::getenv("BENCH_DIR"));
+#else
+  if (cfg.mpi) {
+    std::cerr << "--mpi: this build has no MPI backend (install libopenmpi-dev, reconfigure)\n";
+    return 2;
+  }
+#endif
   char tmpl[] = "/tmp/tdist-bench-XXXXXX";
   std::string dir = mkdtemp(tmpl);
+  if (cfg.mpi) {
+    setenv("BENCH_DIR", dir.c_str(), 1);
+    setenv("OMP_NUM_THREADS", "1", 0);
+    std::string cmd = "mpirun -n " + std::to_string(cfg.world) +
+                      " --oversubscribe --allow-run-as-root --bind-to none -x BENCH_DIR -x "
+                      "OMP_NUM_THREADS " +
+                      std::filesystem::read_symlink("/proc/self/exe").string();
+    for (int i = 1; i < argc; ++i) cmd += std::string(" '") + argv[i] + "'";
+    int rc = std::system(cmd.c_str());
+    std::system(("rm -rf '" + dir + "'").c_str());
+    return rc == 0 ? 0 : 1;
+  }
   std::vector<pid_t> pids;
   for (int rank = 0; rank < cfg.world; ++rank) {
     pid_t pid = fork();

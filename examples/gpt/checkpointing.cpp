@@ -44,6 +44,18 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& r
   return steps;
 }
 
+// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address as a string;
+// 2.x by the address itself. The key type of the map decides.
+template <typename Map>
+typename Map::key_type state_key(const at::Tensor& param) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(param.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(std::string run_dir, World world)
@@ -70,18 +82,6 @@ std::optional<std::string> newest_checkpoint(const std::string& run_dir) {
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 
 namespace {
-
-// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address as a string;
-// 2.x by the address itself. The key type of the map decides.
-template <typename Map>
-typename Map::key_type state_key(const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
 
 // Model and AdamW state as named slices, aliasing the live tensors (a load writes in place).
 // Names as tdist::checkpoint::save_module writes them ("model.<fqn>",
@@ -148,6 +148,48 @@ std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
 
 #else  // torch::save fallback: the model is whole on every rank, rank 0 writes it.
 
+namespace {
+
+// AdamW state per parameter, by position in named_parameters(). torch::save/load of the
+// optimizer itself does not restore it in LibTorch 1.13 (the saved state is keyed by the
+// old process's tensor addresses), which made a resumed run diverge after its first step.
+void save_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const std::string& path) {
+  using Map = std::decay_t<decltype(optimizer.state())>;
+  torch::serialize::OutputArchive archive;
+  int64_t i = 0;
+  for (const auto& item : parallel.model()->named_parameters()) {
+    const std::string key = "p" + std::to_string(i++);
+    auto it = optimizer.state().find(state_key<Map>(item.value()));
+    if (it == optimizer.state().end()) continue;
+    auto& adam = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    archive.write(key + "_exp_avg", adam.exp_avg());
+    archive.write(key + "_exp_avg_sq", adam.exp_avg_sq());
+    archive.write(key + "_step", torch::tensor(adam.step(), torch::kLong));
+  }
+  archive.save_to(path);
+}
+
+void load_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const std::string& path) {
+  using Map = std::decay_t<decltype(optimizer.state())>;
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  int64_t i = 0;
+  for (const auto& item : parallel.model()->named_parameters()) {
+    const std::string key = "p" + std::to_string(i++);
+    torch::Tensor exp_avg, exp_avg_sq, step;
+    if (!archive.try_read(key + "_exp_avg", exp_avg)) continue;
+    archive.read(key + "_exp_avg_sq", exp_avg_sq);
+    archive.read(key + "_step", step);
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(step.item<int64_t>());
+    state->exp_avg(exp_avg.clone());
+    state->exp_avg_sq(exp_avg_sq.clone());
+    optimizer.state()[state_key<Map>(item.value())] = std::move(state);
+  }
+}
+
+}  // namespace
+
 void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer) {
   if (!parallel.replicated()) {
     TDIST_THROW(tdist::CheckpointError,
@@ -164,7 +206,7 @@ void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& o
       parallel.model()->save(archive);
       archive.save_to((tmp_dir / "model.pt").string());
     }
-    torch::save(optimizer, (tmp_dir / "optimizer.pt").string());
+    save_adamw_state(parallel, optimizer, (tmp_dir / "optimizer.pt").string());
     std::ofstream((tmp_dir / "meta.json").string()) << "{\"step\": " << step << "}\n";
     fs::remove_all(final_dir);
     fs::rename(tmp_dir, final_dir);
@@ -180,7 +222,7 @@ std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
   torch::serialize::InputArchive archive;
   archive.load_from((dir / "model.pt").string());
   parallel.model()->load(archive);
-  torch::load(optimizer, (dir / "optimizer.pt").string());
+  load_adamw_state(parallel, optimizer, (dir / "optimizer.pt").string());
   return steps.back().first;
 }
 

@@ -1,5 +1,7 @@
 #include "gpt/trainer.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -94,6 +96,44 @@ double evaluate(Parallel& parallel, const BatchSampler& val_sampler, const Train
   return all_mean(world, {total / static_cast<double>(c.eval_batches)})[0];
 }
 
+// tdistrun's restart round (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt.
+int restart_count() {
+  const char* env = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return env != nullptr && *env != '\0' ? std::atoi(env) : 0;
+}
+
+// Fault injection for the restart test (tests/gpt/restart_test.cpp):
+// TDIST_GPT_CRASH_AT_STEP=k makes rank TDIST_GPT_CRASH_RANK (default 1) SIGKILL itself
+// before step k+1 (after k steps), on the first attempt only, so that a restarted job
+// (tdistrun --max-restarts) runs through.
+void maybe_crash(int64_t steps_done, const World& world) {
+  const char* at = std::getenv("TDIST_GPT_CRASH_AT_STEP");
+  if (at == nullptr || *at == '\0' || std::atoll(at) != steps_done || restart_count() > 0) return;
+  const char* rank = std::getenv("TDIST_GPT_CRASH_RANK");
+  if (world.rank != (rank != nullptr && *rank != '\0' ? std::atoi(rank) : 1)) return;
+  std::cout.flush();
+  std::cerr << "gpt: rank " << world.rank << ": TDIST_GPT_CRASH_AT_STEP=" << at
+            << ": killing myself after step " << steps_done << std::endl;
+  ::raise(SIGKILL);
+}
+
+// A resumed run continues metrics.jsonl: drop what an interrupted attempt logged after the
+// checkpoint, so that every step appears exactly once.
+void truncate_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::vector<std::string> keep;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_discarded() && record.value("step", int64_t{0}) > step) continue;
+    keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+}
+
 std::string human_count(int64_t n) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(2);
@@ -110,6 +150,8 @@ std::string human_count(int64_t n) {
 
 TrainResult train(const TrainConfig& config, const World& world, std::ostream& out) {
   TrainConfig c = config;
+  // Restarted by tdistrun after a failure: continue from the newest checkpoint.
+  if (restart_count() > 0) c.resume = true;
   c.finalize();
   c.validate();
   if (c.data_path.empty()) c.data_path = default_data_path();
@@ -170,8 +212,9 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   std::unique_ptr<MetricsWriter> metrics;
   if (main) {
     std::ofstream(config_path(run_dir)) << to_json(c).dump(2) << "\n";
-    metrics = std::make_unique<MetricsWriter>((fs::path(run_dir) / "metrics.jsonl").string(),
-                                              /*append=*/result.start_step > 0);
+    const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
+    if (result.start_step > 0) truncate_metrics_after(metrics_path, result.start_step);
+    metrics = std::make_unique<MetricsWriter>(metrics_path, /*append=*/result.start_step > 0);
   }
   const int64_t tokens_per_step =
       c.batch_size * c.model.block_size * c.grad_accum * world.world_size;
@@ -188,7 +231,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
         << " tokens/step; " << c.steps << " steps, lr " << c.schedule.max_lr << " (warmup "
         << c.schedule.warmup_steps << ", cosine to " << c.schedule.min_lr << ")\n"
         << "run dir: " << run_dir << "  (checkpoints: " << Checkpointer::backend_name() << ")\n";
-    if (result.start_step > 0) out << "resumed from step " << result.start_step << "\n";
+    if (result.start_step > 0) {
+      out << "resumed from step " << result.start_step;
+      if (restart_count() > 0) out << " (tdistrun restart " << restart_count() << ")";
+      out << "\n";
+    }
     out.flush();
   }
 
@@ -209,6 +256,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   const auto start = Clock::now();
   std::deque<double> recent_step_s;
   for (int64_t step = result.start_step; step < c.steps; ++step) {
+    maybe_crash(step, world);
     const auto step_start = Clock::now();
     const double lr = c.schedule.at(step);
     set_learning_rate(*optimizer, lr);

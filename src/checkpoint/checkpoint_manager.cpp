@@ -113,6 +113,13 @@ void CheckpointManager::apply_retention() {
 
 std::optional<LoadResult> CheckpointManager::load_latest(ShardedStateDict& state,
                                                          const LoadOptions& options) {
+  return load_latest([&state](const std::string& dir,
+                              const LoadOptions& o) { return checkpoint::load(state, dir, o); },
+                     options);
+}
+
+std::optional<LoadResult> CheckpointManager::load_latest(const Loader& loader,
+                                                         const LoadOptions& options) {
   auto coord = coordinator();
   // Rank 0 picks the candidates (newest first) so every rank walks the same list.
   detail::Report mine;
@@ -142,7 +149,7 @@ std::optional<LoadResult> CheckpointManager::load_latest(ShardedStateDict& state
   load_options.coordinator(coord);
   for (const auto& path : reports[0].payload.at("candidates")) {
     try {
-      return checkpoint::load(state, path.get<std::string>(), load_options);
+      return loader(path.get<std::string>(), load_options);
     } catch (const CheckpointError& e) {
       // load() agreed: every rank failed this candidate, so every rank moves on together.
       if (coord->rank() == 0) {

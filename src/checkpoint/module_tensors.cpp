@@ -5,34 +5,35 @@
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/error.h"
+#include "tdist/fsdp/state_dict.h"
 
 namespace tdist::checkpoint {
 
 TensorMap module_tensors(const torch::nn::Module& module) {
+  // Whole tensors: gathered for an FSDP module (collective then), copies otherwise.
   TensorMap out;
-  for (const auto& item : module.named_parameters(true)) {
-    out[item.key()] = item.value().detach().to(at::kCPU).contiguous();
-  }
-  for (const auto& item : module.named_buffers(true)) {
-    out[item.key()] = item.value().detach().to(at::kCPU).contiguous();
-  }
+  const auto full = fsdp::get_model_state_dict(
+      module, fsdp::StateDictOptions().full_state_dict(true).cpu_offload(true));
+  for (const auto& [name, st] : full) out[name] = st.local.contiguous();
   return out;
 }
 
 void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, bool strict) {
-  std::map<std::string, at::Tensor> targets;
-  for (const auto& item : module.named_parameters(true)) targets[item.key()] = item.value();
-  for (const auto& item : module.named_buffers(true)) targets[item.key()] = item.value();
+  // Global shapes of every parameter and buffer (sharded or not), without communication.
+  const ShardedStateDict targets = fsdp::get_model_state_dict(module);
   std::string missing, unexpected, mismatched;
   auto add = [](std::string& list, const std::string& s) {
     list += (list.empty() ? "" : ", ") + s;
   };
+  ShardedStateDict matching;
   for (const auto& [name, t] : targets) {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       add(missing, name);
-    } else if (it->second.sizes() != t.sizes()) {
+    } else if (it->second.sizes().vec() != t.global_shape) {
       add(mismatched, name);
+    } else {
+      matching[name] = ShardedTensor::whole(it->second);
     }
   }
   for (const auto& [name, t] : tensors) {
@@ -44,11 +45,8 @@ void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, bo
                     "] unexpected: [" + unexpected + "] shape mismatch: [" + mismatched +
                     "]; pass strict=false to load what matches");
   }
-  c10::AutoGradMode no_grad(false);
-  for (const auto& [name, t] : targets) {
-    auto it = tensors.find(name);
-    if (it != tensors.end() && it->second.sizes() == t.sizes()) t.copy_(it->second);
-  }
+  fsdp::set_model_state_dict(module, matching,
+                             fsdp::StateDictOptions().full_state_dict(true).strict(false));
 }
 
 TensorMap read_full_tensors(const std::string& dir, const std::string& prefix) {

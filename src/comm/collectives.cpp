@@ -3,6 +3,7 @@
 
 #include <numeric>
 
+#include "comm/flight_recorder_hooks.h"
 #include "debug_check.h"
 #include "state.h"
 #include "tdist/comm/distributed.h"
@@ -16,6 +17,7 @@ namespace {
 struct Call {
   ProcessGroupPtr pg;
   std::string op;
+  mutable uint64_t record_id = 0;  // the flight recorder's record of this call (0: none)
 
   Call(const ProcessGroupPtr& group, std::string op_name)
       : pg(detail::resolve_group(group, op_name)), op(std::move(op_name)) {}
@@ -87,15 +89,19 @@ struct Call {
 
   void debug(const at::Tensor& t, bool check_shape = true, int root = -1,
              int reduce_op = -1) const {
-    debug_signature(detail::signature_of(op, t, check_shape, root, reduce_op));
+    debug_signature(detail::signature_of(op, t, check_shape, root, reduce_op), {t});
   }
-  void debug_signature(const detail::CallSignature& sig) const {
-    pg->next_sequence_number();
+  /// Numbers the call, checks it across ranks (debug mode) and records it.
+  void debug_signature(const detail::CallSignature& sig,
+                       const std::vector<at::Tensor>& tensors) const {
+    const uint64_t seq = pg->next_sequence_number();
     if (pg->debug_detail()) detail::check_call_signature(*pg, sig);
+    record_id = detail::flight_record_issue(*pg, seq, op, tensors);
   }
 
   WorkPtr finish(WorkPtr work, bool async_op) const {
     if (!work) TDIST_THROW(DistBackendError, where() + ": the backend returned no work handle");
+    detail::flight_record_track(record_id, pg, work);
     if (async_op) return work;
     // The backend enforces the group timeout itself; this outer bound only guarantees that a
     // misbehaving backend cannot block forever.
@@ -103,9 +109,16 @@ struct Call {
     try {
       work->wait(bound);
     } catch (const TimeoutError& e) {
+      // The flight recorder's report names the rank that is behind (see flight_recorder.h).
+      const std::string report =
+          detail::flight_record_failure(record_id, *pg, std::current_exception());
       TDIST_THROW(TimeoutError, where() + " on process group '" + pg->name() +
                                     "' (sequence number " + std::to_string(pg->sequence_number()) +
-                                    ") did not complete: " + e.what());
+                                    ") did not complete: " + e.what() +
+                                    (report.empty() ? "" : "\n" + report));
+    } catch (const Error&) {
+      detail::flight_record_failure(record_id, *pg, std::current_exception());
+      throw;
     }
     return work;
   }
@@ -156,7 +169,7 @@ WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op
     auto sig = detail::signature_of(c.op, tensors[0], true, -1, reduce_code(op));
     sig.shape.clear();
     for (const auto& t : tensors) sig.shape.push_back(t.numel());
-    c.debug_signature(sig);
+    c.debug_signature(sig, tensors);
   }
   std::vector<at::Tensor> list = tensors;
   return c.finish(c.pg->backend_for(list[0]).all_reduce_coalesced(list, opts), async_op);
@@ -385,13 +398,15 @@ WorkPtr point_to_point(bool is_send, const at::Tensor& tensor, int peer,
   TDIST_CHECK_ARG(tag >= 0, c.where() + ": tag " + std::to_string(tag) + " is negative");
   auto opts = c.options<SendRecvOptions>();
   opts.tag_id = tag;
-  if (is_send) {
-    at::Tensor in = c.input(tensor, "tensor");
-    return c.pg->backend_for(in).send(in, peer_rank, opts);
-  }
-  c.check_output(tensor, "tensor");
-  at::Tensor out = tensor;
-  return c.pg->backend_for(out).recv(out, peer_rank, opts);
+  WorkPtr work;
+  at::Tensor t = is_send ? c.input(tensor, "tensor") : tensor;
+  if (!is_send) c.check_output(tensor, "tensor");
+  const uint64_t record_id =
+      detail::flight_record_issue(*c.pg, c.pg->sequence_number(), c.op, {t}, peer);
+  work = is_send ? c.pg->backend_for(t).send(t, peer_rank, opts)
+                 : c.pg->backend_for(t).recv(t, peer_rank, opts);
+  detail::flight_record_track(record_id, c.pg, work);
+  return work;
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include "fsdp/sharded_param.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/flight_recorder.h"
 
 namespace tdist::fsdp::detail {
 
@@ -26,7 +27,8 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
   TraceScope trace("FSDP::all_gather", label);
   AllGatherResult result;
   result.world = params.empty() ? 1 : params.front()->layout().world;
-  const at::TensorOptions options = params.front()->param().options();
+  // Note [Mixed precision and offload]: gathered in param_dtype on the compute device.
+  const at::TensorOptions options = params.front()->unsharded_options();
   if (!input.defined()) {
     TraceScope copy_in("FSDP::all_gather_copy_in", label);
     input = at::empty({layout.total}, options);
@@ -40,6 +42,8 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
     result.output.copy_(input);
     result.work = completed_work("all_gather_into_tensor", {result.output});
   } else {
+    // The flight recorder names the FSDP module a stuck rank was gathering for.
+    CollectiveLabelScope label_scope(label + " all_gather");
     result.work = all_gather_into_tensor(result.output, input, group, /*async_op=*/true);
   }
   return result;
@@ -61,11 +65,11 @@ void foreach_all_gather_copy_out(const AllGatherResult& result,
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label) {
+                                   const std::string& label, c10::ScalarType reduce_dtype) {
   TraceScope trace("FSDP::reduce_scatter", label);
   ReduceScatterResult result;
   result.world = params.front()->layout().world;
-  const at::TensorOptions options = params.front()->param().options();
+  const at::TensorOptions options = params.front()->unsharded_options().dtype(reduce_dtype);
   result.input = at::empty({result.world, layout.total}, options);
   result.has_grad.resize(params.size(), false);
   {
@@ -101,6 +105,7 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
     result.output.copy_(flat_input);
     result.work = completed_work("reduce_scatter_tensor", {result.output});
   } else {
+    CollectiveLabelScope label_scope(label + " reduce_scatter");
     result.work = reduce_scatter_tensor(result.output, flat_input, ReduceOp::SUM, group,
                                         /*async_op=*/true);
   }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include "tdist/comm/process_group.h"
 #include "tdist/comm/work.h"
@@ -60,11 +61,12 @@ struct ReduceScatterResult {
   int world = 1;
 };
 
-/// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards.
+/// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards, in
+/// `reduce_dtype` (MixedPrecisionPolicy::reduce_dtype).
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label);
+                                   const std::string& label, c10::ScalarType reduce_dtype);
 
 /// The reduced, averaged shard gradient of param i ([local_rows, ...]) from a completed
 /// reduce-scatter: a view into result.output.

@@ -10,6 +10,13 @@ namespace tdist::fsdp::detail {
 
 class ParamGroup;
 
+/// One collective FSDP issued, as the Join shadow replays it (Note [Join replay]).
+struct CommEvent {
+  enum class Kind { kAllGather, kAllGatherPostForward, kReduceScatter };
+  Kind kind;
+  ParamGroup* group;
+};
+
 class CommContext {
  public:
   /// Note [All-gather rate limit]
@@ -18,6 +25,8 @@ class CommContext {
   /// unsharded copy of its group, so this bounds memory to ~limit extra groups.
   int all_gather_limit = 2;
   bool prefetch = true;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
 
   /// Called by a group before it issues its all-gather / after it waited for it.
   void before_all_gather(ParamGroup* group);
@@ -40,7 +49,19 @@ class CommContext {
   ParamGroup* next_forward(const ParamGroup* group) const;
   ParamGroup* next_backward(const ParamGroup* group) const;
 
+  /// Note [Join replay]: the collectives of the step in progress, in issue order; at the
+  /// end of backward they become last_step(), which a joined rank replays.
+  void begin_step() { current_step_.clear(); }
+  void record(CommEvent event) { current_step_.push_back(event); }
+  void end_step() {
+    last_step_ = std::move(current_step_);
+    current_step_.clear();
+  }
+  const std::vector<CommEvent>& last_step() const { return last_step_; }
+
  private:
+  std::vector<CommEvent> current_step_;
+  std::vector<CommEvent> last_step_;
   std::deque<ParamGroup*> in_flight_;
   ParamGroup* pending_reduce_ = nullptr;
   std::vector<ParamGroup*> forward_order_;

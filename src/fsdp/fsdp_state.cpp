@@ -33,6 +33,15 @@ class HookTimer {
   int64_t wait0_;
 };
 
+// Floating tensors cast to `dtype` (autograd-tracked, so gradients flow back in the
+// original dtype); others untouched.
+std::vector<at::Tensor> cast_floating(std::vector<at::Tensor> tensors, c10::ScalarType dtype) {
+  for (auto& t : tensors) {
+    if (t.defined() && t.is_floating_point() && t.scalar_type() != dtype) t = t.to(dtype);
+  }
+  return tensors;
+}
+
 }  // namespace
 
 FSDPState::FSDPState(std::weak_ptr<torch::nn::Module> module, std::unique_ptr<ParamGroup> group,
@@ -59,6 +68,8 @@ void FSDPState::lazy_init() {
   comm_ = std::make_unique<CommContext>();
   comm_->all_gather_limit = options_.all_gather_limit();
   comm_->prefetch = options_.prefetch();
+  comm_->forward_prefetch = options_.forward_prefetch();
+  comm_->backward_prefetch = options_.backward_prefetch();
   tree_.clear();
   // Module order is the same on every rank, so tree_ (and the order of the collectives
   // the end-of-backward callback issues) is too.
@@ -84,12 +95,21 @@ std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
                            "tdist::fsdp::forward(model, ...), not model->forward(...)");
   }
   if (root == this) {
+    // Tell ranks that joined (ran out of data) that this one trains another step.
+    if (joinable_ != nullptr && torch::autograd::GradMode::is_enabled()) {
+      join::Join::notify_join_context(*joinable_);
+    }
     if (!initialized_) lazy_init();
+    if (torch::autograd::GradMode::is_enabled()) comm_->begin_step();
     in_forward_ = true;
     for (FSDPState* s : tree_) s->ran_forward_this_step_ = false;
   }
   ran_forward_this_step_ = true;
   if (group_) group_->pre_forward();
+  const MixedPrecisionPolicy& mp = options_.mp_policy();
+  if (mp.cast_forward_inputs() && mp.param_dtype()) {
+    inputs = cast_floating(std::move(inputs), *mp.param_dtype());
+  }
   if (torch::autograd::GradMode::is_enabled()) {
     inputs = register_post_backward(this, std::move(inputs));
   }
@@ -99,6 +119,9 @@ std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
 std::vector<at::Tensor> FSDPState::post_forward(std::vector<at::Tensor> outputs) {
   HookTimer timer(stats());
   if (group_) group_->post_forward();
+  if (const auto& dtype = options_.mp_policy().output_dtype()) {
+    outputs = cast_floating(std::move(outputs), *dtype);
+  }
   const bool grad = torch::autograd::GradMode::is_enabled();
   if (grad) outputs = register_pre_backward(this, std::move(outputs));
   if (is_root_) {
@@ -135,7 +158,10 @@ void FSDPState::root_post_backward_final_callback() {
   for (FSDPState* s : tree_) {
     if (s->group_) s->group_->finalize_backward();
   }
-  if (comm_) comm_->finish_pending_reduce();
+  if (comm_) {
+    comm_->finish_pending_reduce();
+    comm_->end_step();
+  }
 }
 
 // Note [Bypass check]

@@ -13,6 +13,7 @@
 #include "fsdp/comm_context.h"
 #include "fsdp/param_group.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/join/join.h"
 
 namespace tdist::fsdp::detail {
 
@@ -29,6 +30,10 @@ class FSDPState {
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
   FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
   bool is_root() const { return is_root_; }
+  /// The root's comm context (null before the first forward, and on non-roots).
+  CommContext* comm() const { return comm_.get(); }
+  /// Join for FSDP: the root notifies the join context at each pre-forward.
+  void set_joinable(join::Joinable* joinable) { joinable_ = joinable; }
 
   // ---- hook entry points ----
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs);
@@ -59,6 +64,7 @@ class FSDPState {
   int forwards_ = 0;
   bool ran_forward_this_step_ = false;
   FSDPStats stats_;  // used when the module has no own parameters
+  join::Joinable* joinable_ = nullptr;
 };
 
 }  // namespace tdist::fsdp::detail

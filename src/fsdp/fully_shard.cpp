@@ -86,6 +86,15 @@ void register_state(const torch::nn::Module& module, std::shared_ptr<FSDPState> 
   }
 }
 
+std::vector<FSDPState*> states_under(const torch::nn::Module& module) {
+  std::vector<FSDPState*> out;
+  if (FSDPState* s = find_state(module)) out.push_back(s);
+  for (const auto& m : module.modules(/*include_self=*/false)) {
+    if (FSDPState* s = find_state(*m)) out.push_back(s);
+  }
+  return out;
+}
+
 FSDPState& state_of(const torch::nn::Module& module) {
   FSDPState* state = find_state(module);
   if (state == nullptr) {
@@ -107,17 +116,48 @@ std::vector<at::Tensor> run_post_forward(FSDPState& state, std::vector<at::Tenso
 
 }  // namespace detail
 
+namespace {
+
+// The groups fully_shard communicates over: a 1-D mesh or group shards; a 2-D mesh is
+// (replicate, shard) for HSDP.
+struct MeshGroups {
+  ProcessGroupPtr shard;
+  ProcessGroupPtr replicate;
+};
+
+MeshGroups mesh_groups(const FullyShardOptions& options) {
+  MeshGroups groups;
+  groups.shard = options.process_group();
+  if (const auto& mesh = options.mesh()) {
+    TDIST_CHECK_ARG(!options.process_group(),
+                    "fully_shard: give either mesh or process_group, not both");
+    TDIST_CHECK_ARG(mesh->ndim() == 1 || mesh->ndim() == 2,
+                    "fully_shard: the mesh must be 1-D (shard) or 2-D (replicate, shard) for "
+                    "HSDP, got " +
+                        mesh->to_string());
+    if (mesh->ndim() == 1) {
+      groups.shard = mesh->get_group();
+    } else {
+      groups.replicate = mesh->get_group(0);
+      groups.shard = mesh->get_group(1);
+    }
+  }
+  if (!groups.shard) groups.shard = group_world();
+  return groups;
+}
+
+std::optional<c10::Device> compute_device(const FullyShardOptions& options) {
+  if (options.mesh() && options.mesh()->device_type() == "cuda") return c10::Device(c10::kCUDA);
+  return std::nullopt;  // the parameters' own device
+}
+
+}  // namespace
+
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
                        const FullyShardOptions& options) {
   TDIST_CHECK_ARG(module != nullptr, "fully_shard: module is null");
-  ProcessGroupPtr group = options.process_group() ? options.process_group() : nullptr;
-  if (options.mesh()) {
-    TDIST_CHECK_ARG(options.mesh()->ndim() == 1,
-                    "fully_shard: only a 1-D mesh is supported so far, got " +
-                        options.mesh()->to_string() + "; pass mesh[\"shard_dim_name\"]");
-    group = options.mesh()->get_group();
-  }
-  if (!group) group = group_world();
+  const MeshGroups groups = mesh_groups(options);
+  const ProcessGroupPtr& group = groups.shard;
   TDIST_CHECK_ARG(group->is_member(), "fully_shard: rank " + std::to_string(get_rank()) +
                                           " is not a member of the group to shard over");
   const int world = group->size();
@@ -129,6 +169,15 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
                       std::to_string(world) + " (or be true/false)");
   TDIST_CHECK_ARG(options.all_gather_limit() >= 1, "fully_shard: all_gather_limit must be >= 1");
   if (k == world) k = 0;  // a k-group the size of the world is plain resharding
+  for (const auto& dtype : {options.mp_policy().param_dtype(), options.mp_policy().reduce_dtype(),
+                            options.mp_policy().output_dtype()}) {
+    TDIST_CHECK_ARG(!dtype || c10::isFloatingType(*dtype),
+                    "fully_shard: MixedPrecisionPolicy dtypes must be floating point, got " +
+                        std::string(c10::toString(*dtype)));
+  }
+
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
 
   // Parameters this call manages: those not under an already sharded submodule (bottom-up).
   std::vector<std::pair<std::string, at::Tensor>> managed;
@@ -137,9 +186,9 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
   std::function<void(torch::nn::Module&, const std::string&)> walk =
       [&](torch::nn::Module& m, const std::string& prefix) {
         for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-          if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
-            managed.emplace_back(prefix + item.key(), item.value());
-          }
+          const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+          if (ignored.count(impl) != 0) continue;
+          if (seen.insert(impl).second) managed.emplace_back(prefix + item.key(), item.value());
         }
         for (const auto& child : m.named_children()) {
           if (detail::FSDPState* s = detail::find_state(*child.value())) {
@@ -151,18 +200,25 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
       };
   walk(*module, "");
 
-  ProcessGroupPtr small_group;
-  if (k > 1) small_group = detail::post_forward_group(group, k);
+  detail::GroupConfig config;
+  config.reshard_after_forward = k == 0 ? ReshardAfterForward(true) : ReshardAfterForward(k);
+  if (k > 1) config.post_forward_group = detail::post_forward_group(group, k);
+  config.replicate_group = groups.replicate;
+  config.reduce_dtype = options.mp_policy().reduce_dtype() ? options.mp_policy().reduce_dtype()
+                                                           : options.mp_policy().param_dtype();
+  detail::ParamPolicy policy;
+  policy.param_dtype = options.mp_policy().param_dtype();
+  policy.compute_device = compute_device(options);
+  policy.offload_to_cpu = options.offload_policy().offload_to_cpu();
+  policy.pin_memory = options.offload_policy().pin_memory();
 
   std::unique_ptr<detail::ParamGroup> param_group;
   if (!managed.empty()) {
     std::vector<std::unique_ptr<detail::ShardedParam>> params;
     for (auto& [name, tensor] : managed) {
-      params.push_back(std::make_unique<detail::ShardedParam>(name, tensor, world, rank));
+      params.push_back(std::make_unique<detail::ShardedParam>(name, tensor, world, rank, policy));
     }
-    param_group = std::make_unique<detail::ParamGroup>(
-        "", std::move(params), group, k == 0 ? ReshardAfterForward(true) : ReshardAfterForward(k),
-        small_group);
+    param_group = std::make_unique<detail::ParamGroup>("", std::move(params), group, config);
   }
   auto state = std::make_shared<detail::FSDPState>(module, std::move(param_group), options);
   state->set_label("root");
@@ -226,6 +282,54 @@ void FSDPModule::reset_stats() {
 
 const std::string& FSDPModule::label() const {
   return state().label();
+}
+
+namespace {
+
+std::vector<detail::FSDPState*> states_under(detail::FSDPState& state) {
+  auto module = state.module().lock();
+  if (!module) return {&state};
+  return detail::states_under(*module);
+}
+
+std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {
+  std::vector<detail::ParamGroup*> groups;
+  for (const auto& m : modules) {
+    if (auto* g = m.state().group()) groups.push_back(g);
+  }
+  return groups;
+}
+
+}  // namespace
+
+void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
+  std::vector<detail::FSDPState*> states =
+      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
+  for (detail::FSDPState* s : states) {
+    if (auto* g = s->group()) g->set_requires_gradient_sync(requires_gradient_sync);
+  }
+}
+
+bool FSDPModule::requires_gradient_sync() const {
+  auto* g = state().group();
+  return g == nullptr || g->requires_gradient_sync();
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  if (auto* g = state().group()) g->set_forward_prefetch(groups_of(modules));
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  if (auto* g = state().group()) g->set_backward_prefetch(groups_of(modules));
+}
+
+NoSync::NoSync(FSDPModule module)
+    : module_(std::move(module)), previous_(module_.requires_gradient_sync()) {
+  module_.set_requires_gradient_sync(false);
+}
+
+NoSync::~NoSync() {
+  module_.set_requires_gradient_sync(previous_);
 }
 
 }  // namespace tdist::fsdp

@@ -9,6 +9,9 @@
 //         │                  kShardedPostForward ◀──────────────────────┘  │
 //         └──────────── reshard() (from any state) ◀───────────────────────┘
 //
+//      kSharded ───summon()──▶ kSummoned ───unsummon(writeback)──▶ kSharded
+//      (summon_full_params: full data in the sharded dtype, outside forward/backward)
+//
 //  Training state of a group (TrainingState), once per step:
 //
 //      kIdle ─pre_forward─▶ kForward ─post_forward─▶ kIdle ─pre_backward─▶ kPreBackward
@@ -19,7 +22,10 @@
 //  pre_forward   : unshard (async), prefetch the next group, wait.
 //  post_forward  : reshard as reshard_after_forward says (the root keeps its parameters).
 //  pre_backward  : stash sharded grads, unshard (async), prefetch the previous group, wait.
-//  post_backward : take the unsharded grads, reduce-scatter them (async), reshard.
+//  post_backward : take the unsharded grads, reduce-scatter them (async), reshard. With
+//                  gradient sync off, keep them unsharded instead (accumulated with the
+//                  next synced backward's). With HSDP, finishing the reduce-scatter
+//                  all-reduces the shard gradient across replicas.
 //  finalize      : post_backward for groups autograd did not reach, wait for the last
 //                  reduce-scatter, reshard everything, back to kIdle.
 //
@@ -36,6 +42,7 @@
 #include "fsdp/comm_context.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/flight_recorder.h"
 #include "tdist/error.h"
 
 namespace tdist::fsdp::detail {
@@ -68,6 +75,8 @@ const char* to_string(ShardState state) {
       return "unsharding";
     case ShardState::kUnsharded:
       return "unsharded";
+    case ShardState::kSummoned:
+      return "summoned";
   }
   return "?";
 }
@@ -87,13 +96,11 @@ const char* to_string(TrainingState state) {
 }
 
 ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedParam>> params,
-                       ProcessGroupPtr group, ReshardAfterForward reshard_after_forward,
-                       ProcessGroupPtr post_forward_group)
+                       ProcessGroupPtr group, GroupConfig config)
     : label_(std::move(label)),
       params_(std::move(params)),
       group_(std::move(group)),
-      reshard_after_forward_(reshard_after_forward),
-      post_forward_group_(std::move(post_forward_group)) {
+      config_(std::move(config)) {
   for (auto& p : params_) raw_.push_back(p.get());
   flat_ = FlatLayout::of(raw_);
 }
@@ -115,12 +122,19 @@ void ParamGroup::unshard(bool async_op) {
     if (!async_op) wait_for_unshard();
     return;
   }
-  if (comm_ != nullptr) comm_->before_all_gather(this);
+  check(shard_state_ != ShardState::kSummoned, "unshard", "the end of summon_full_params first");
+  if (comm_ != nullptr) {
+    comm_->before_all_gather(this);
+    comm_->record({shard_state_ == ShardState::kShardedPostForward
+                       ? CommEvent::Kind::kAllGatherPostForward
+                       : CommEvent::Kind::kAllGather,
+                   this});
+  }
   if (shard_state_ == ShardState::kShardedPostForward) {
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer.
-    all_gather_ =
-        foreach_all_gather(raw_, flat_, post_forward_group_, label_, post_forward_slab_.view({-1}));
+    all_gather_ = foreach_all_gather(raw_, flat_, config_.post_forward_group, label_,
+                                     post_forward_slab_.view({-1}));
   } else {
     all_gather_ = foreach_all_gather(raw_, flat_, group_, label_);
   }
@@ -147,6 +161,7 @@ void ParamGroup::wait_for_unshard() {
 
 void ParamGroup::reshard() {
   if (shard_state_ == ShardState::kSharded) return;
+  check(shard_state_ != ShardState::kSummoned, "reshard", "the end of summon_full_params");
   // Never free a buffer an all-gather may still be writing.
   if (shard_state_ == ShardState::kUnsharding) wait_for_unshard();
   TraceScope trace("FSDP::reshard", label_);
@@ -164,17 +179,17 @@ void ParamGroup::reshard() {
 // its k-rank group (ranks b*k .. b*k+k-1). The k slabs of one group tile the whole buffer in
 // order, so backward's all-gather runs within the small group (e.g. within a node).
 void ParamGroup::reshard_post_forward() {
-  const int k = reshard_after_forward_.group_size();
+  const int k = config_.reshard_after_forward.group_size();
   const int world = group_->size();
   if (k == 1) return;  // reshard_after_forward=false: keep the parameters for backward
-  if (k == 0 || k >= world || !post_forward_group_) {
+  if (k == 0 || k >= world || !config_.post_forward_group) {
     reshard();
     return;
   }
   check(shard_state_ == ShardState::kUnsharded, "reshard_post_forward", "unsharded");
   const int per = world / k;
-  const int j = post_forward_group_->rank();
-  at::Tensor slab = at::empty({per, flat_.total}, raw_.front()->param().options());
+  const int j = config_.post_forward_group->rank();
+  at::Tensor slab = at::empty({per, flat_.total}, raw_.front()->unsharded_options());
   for (size_t i = 0; i < raw_.size(); ++i) {
     slab.narrow(1, flat_.offsets[i], flat_.numels[i])
         .copy_(raw_[i]->padded_unsharded().view({world, flat_.numels[i]}).narrow(0, j * per, per));
@@ -184,21 +199,127 @@ void ParamGroup::reshard_post_forward() {
   shard_state_ = ShardState::kShardedPostForward;
 }
 
+// Note [Summoned parameters]
+// summon_full_params hands the user the full parameters in their own (master) dtype, not
+// param_dtype: they gather the fp32 shards into separate tensors, so no mixed-precision
+// rounding leaks into writes made through them.
+void ParamGroup::summon(bool with_grads) {
+  check(shard_state_ == ShardState::kSharded && training_state_ == TrainingState::kIdle,
+        "summon_full_params", "sharded and idle (not inside forward or backward)");
+  TraceScope trace("FSDP::summon_full_params", label_);
+  summoned_grads_.assign(raw_.size(), at::Tensor());
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    ShardedParam& p = *raw_[i];
+    const ShardLayout& pl = p.layout();
+    const at::TensorOptions options = p.unsharded_options().dtype(p.shard_options().dtype());
+    auto gather = [&](const at::Tensor& local_rows) {
+      at::Tensor padded = at::zeros(pl.padded_shard_shape(), options);
+      if (pl.local_rows > 0) padded.narrow(0, 0, pl.local_rows).copy_(local_rows);
+      at::Tensor full = at::empty(pl.padded_unsharded_shape(), options);
+      if (group_->size() == 1) {
+        full.copy_(padded);
+      } else {
+        WorkPtr work = all_gather_into_tensor(full.view({-1}), padded.view({-1}), group_,
+                                              /*async_op=*/true);
+        wait_work(work, group_, stats_);
+      }
+      return full.narrow(0, 0, pl.dim0).view(pl.shape);
+    };
+    at::NoGradGuard no_grad;
+    at::Tensor full = gather(p.local_shard());
+    if (with_grads) {
+      at::Tensor grad = p.param().grad();
+      at::Tensor full_grad = gather(grad.defined() ? grad : at::zeros_like(p.local_shard()));
+      summoned_grads_[i] = grad;
+      p.param().mutable_grad() = grad.defined() ? full_grad : at::Tensor();
+    }
+    p.use_full(full);
+  }
+  shard_state_ = ShardState::kSummoned;
+}
+
+void ParamGroup::unsummon(bool writeback) {
+  if (shard_state_ != ShardState::kSummoned) return;
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    ShardedParam& p = *raw_[i];
+    if (writeback) {
+      at::NoGradGuard no_grad;
+      const ShardLayout& pl = p.layout();
+      if (pl.local_rows > 0) {
+        p.local_shard().copy_(p.param().narrow(0, pl.row_offset, pl.local_rows));
+      }
+    }
+    p.use_sharded();
+    if (!summoned_grads_.empty()) p.param().mutable_grad() = summoned_grads_[i];
+  }
+  summoned_grads_.clear();
+  shard_state_ = ShardState::kSharded;
+}
+
+// Note [Join replay]
+// A joined rank has no inputs, so it cannot run forward and backward; it replays the
+// collectives FSDP issued in the last training step, synchronously and in the same order
+// (each process group matches collectives by issue order). The post-forward transition
+// follows each all-gather so that a backward all-gather from a k-rank slab finds its slab.
+void ParamGroup::replay_all_gather(bool from_post_forward_slab) {
+  CommContext* comm = comm_;
+  comm_ = nullptr;  // not recorded, not rate-limited: every replayed collective is waited
+  if (from_post_forward_slab) {
+    check(shard_state_ == ShardState::kShardedPostForward, "Join replay of an all-gather",
+          "a post-forward slab (replayed steps must match the training ranks' steps)");
+    unshard(/*async_op=*/false);
+    reshard();
+  } else {
+    reshard();
+    unshard(/*async_op=*/false);
+    reshard_post_forward();
+  }
+  comm_ = comm;
+}
+
+void ParamGroup::replay_reduce_scatter() {
+  for (ShardedParam* p : raw_) p->stash_sharded_grad();
+  const std::vector<at::Tensor> zeros(raw_.size());  // undefined: reduced as zeros
+  reduce_ = foreach_reduce(raw_, zeros, flat_, group_, label_, reduce_dtype());
+  reduce_pending_ = true;
+  ++stats_.reduce_scatters;
+  finish_reduce();
+}
+
 // ---- phases -----------------------------------------------------------------------------
+
+// Prefetching: an explicit list (set_modules_to_*_prefetch) replaces the recorded order.
+void ParamGroup::prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
+                          ParamGroup* recorded_next) {
+  std::vector<ParamGroup*> targets;
+  if (explicit_targets) {
+    targets = *explicit_targets;
+  } else if (recorded_next != nullptr) {
+    targets.push_back(recorded_next);
+  }
+  for (ParamGroup* next : targets) {
+    if (next == nullptr || next == this) continue;
+    if (next->shard_state_ == ShardState::kUnsharding ||
+        next->shard_state_ == ShardState::kUnsharded) {
+      continue;
+    }
+    next->unshard(/*async_op=*/true);
+    ++next->stats_.prefetches;
+  }
+}
+
+c10::ScalarType ParamGroup::reduce_dtype() const {
+  return config_.reduce_dtype.value_or(
+      c10::typeMetaToScalarType(raw_.front()->unsharded_options().dtype()));
+}
 
 void ParamGroup::pre_forward() {
   TraceScope trace("FSDP::pre_forward", label_);
   training_state_ = TrainingState::kForward;
   if (comm_ != nullptr) comm_->record_forward(this);
   unshard(/*async_op=*/true);
-  if (comm_ != nullptr && comm_->prefetch) {
-    if (ParamGroup* next = comm_->next_forward(this)) {
-      if (next->shard_state_ != ShardState::kUnsharding &&
-          next->shard_state_ != ShardState::kUnsharded) {
-        next->unshard(/*async_op=*/true);
-        ++next->stats_.prefetches;
-      }
-    }
+  if (comm_ != nullptr && comm_->prefetch && comm_->forward_prefetch) {
+    prefetch(forward_prefetch_, comm_->next_forward(this));
   }
   wait_for_unshard();
 }
@@ -220,14 +341,8 @@ void ParamGroup::pre_backward() {
   training_state_ = TrainingState::kPreBackward;
   for (ShardedParam* p : raw_) p->stash_sharded_grad();
   unshard(/*async_op=*/true);
-  if (comm_ != nullptr && comm_->prefetch) {
-    if (ParamGroup* prev = comm_->next_backward(this)) {
-      if (prev->shard_state_ != ShardState::kUnsharding &&
-          prev->shard_state_ != ShardState::kUnsharded) {
-        prev->unshard(/*async_op=*/true);
-        ++prev->stats_.prefetches;
-      }
-    }
+  if (comm_ != nullptr && comm_->prefetch && comm_->backward_prefetch) {
+    prefetch(backward_prefetch_, comm_->next_backward(this));
   }
   wait_for_unshard();
 }
@@ -239,11 +354,35 @@ void ParamGroup::post_backward() {
   check(shard_state_ == ShardState::kUnsharded, "post_backward", "unsharded");
   std::vector<at::Tensor> grads;
   grads.reserve(raw_.size());
-  for (ShardedParam* p : raw_) grads.push_back(p->take_unsharded_grad());
+  bool any_trainable = false;
+  for (ShardedParam* p : raw_) {
+    at::Tensor grad = p->take_unsharded_grad();
+    if (!p->requires_grad()) grad = at::Tensor();  // frozen: never reduced
+    any_trainable = any_trainable || p->requires_grad();
+    grads.push_back(std::move(grad));
+  }
+  if (!requires_gradient_sync_ || !any_trainable) {
+    // Note [Accumulation without sync]: the unsharded gradients stay on this rank (in the
+    // reduce dtype) until a synced backward reduces their sum; the sharded grads return.
+    for (size_t i = 0; i < raw_.size(); ++i) {
+      if (grads[i].defined()) raw_[i]->accumulate_unsharded_grad(grads[i].to(reduce_dtype()));
+      raw_[i]->accumulate_sharded_grad(at::Tensor());
+    }
+    reshard();
+    return;
+  }
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    at::Tensor kept = raw_[i]->take_accumulated_unsharded_grad();
+    if (!kept.defined()) continue;
+    grads[i] = grads[i].defined() ? kept.add_(grads[i]) : kept;
+  }
   // Every rank whose pre-backward ran reduces (missing grads count as zeros), so ranks
   // always issue the same collectives.
-  if (comm_ != nullptr) comm_->finish_pending_reduce();
-  reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_);
+  if (comm_ != nullptr) {
+    comm_->finish_pending_reduce();
+    comm_->record({CommEvent::Kind::kReduceScatter, this});
+  }
+  reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype());
   grads.clear();  // the unsharded gradients are in the reduce-scatter input now
   reduce_pending_ = true;
   ++stats_.reduce_scatters;
@@ -258,12 +397,26 @@ void ParamGroup::post_backward() {
 // Note [Gradient averaging]
 // Each rank's loss is the mean over its local batch; the reduce-scatter sums, and dividing
 // by the group size gives the gradient of the mean over the global batch, as PyTorch's FSDP
-// and DDP do.
+// and DDP do. With HSDP the shard sums are all-reduced across replicas first (in the reduce
+// dtype too: pytorch#190626), and the divisor is shard size x replicas.
 void ParamGroup::finish_reduce() {
   if (!reduce_pending_) return;
   wait_work(reduce_.work, group_, stats_);
-  reduce_.output.div_(static_cast<double>(group_->size()));
+  double divisor = group_->size();
+  const ProcessGroupPtr& replicas = config_.replicate_group;
+  if (replicas && replicas->size() > 1) {
+    TraceScope trace("FSDP::all_reduce_replicas", label_);
+    CollectiveLabelScope label_scope(label_ + " all_reduce_replicas");
+    WorkPtr work = all_reduce(reduce_.output, ReduceOp::SUM, replicas, /*async_op=*/true);
+    wait_work(work, replicas, stats_);
+    divisor *= replicas->size();
+  }
+  reduce_.output.div_(divisor);
   for (size_t i = 0; i < raw_.size(); ++i) {
+    if (!raw_[i]->requires_grad()) {
+      raw_[i]->accumulate_sharded_grad(at::Tensor());
+      continue;
+    }
     // A copy, not a view of the output buffer: optimizers detach_() grads in zero_grad,
     // which autograd refuses on views; the buffer is freed right after.
     raw_[i]->accumulate_sharded_grad(

@@ -5,8 +5,11 @@
 // written out in param_group.cpp.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/ScalarType.h>
 
 #include "fsdp/collectives.h"
 #include "fsdp/sharded_param.h"
@@ -23,6 +26,7 @@ enum class ShardState {
   kShardedPostForward,  // P holds its shard; a 1/k slab is kept for backward
   kUnsharding,          // all-gather issued, not yet waited
   kUnsharded,           // P holds the full data
+  kSummoned,            // P holds the full data in the sharded dtype (summon_full_params)
 };
 
 /// Where the module is in the training step.
@@ -31,11 +35,19 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 const char* to_string(ShardState state);
 const char* to_string(TrainingState state);
 
+/// How a group communicates, fixed at fully_shard time.
+struct GroupConfig {
+  ReshardAfterForward reshard_after_forward = true;
+  ProcessGroupPtr post_forward_group;           // the k-rank group of an integer reshard
+  ProcessGroupPtr replicate_group;              // HSDP: gradients all-reduced across it after the
+                                                // reduce-scatter (null: no replication)
+  std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
+};
+
 class ParamGroup {
  public:
   ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedParam>> params,
-             ProcessGroupPtr group, ReshardAfterForward reshard_after_forward,
-             ProcessGroupPtr post_forward_group);
+             ProcessGroupPtr group, GroupConfig config);
 
   const std::string& label() const { return label_; }
   void set_label(std::string label) { label_ = std::move(label); }
@@ -46,11 +58,28 @@ class ParamGroup {
   /// The root group keeps its parameters after forward: its backward comes next.
   void set_is_root(bool is_root) { is_root_ = is_root; }
   FSDPStats& stats() { return stats_; }
+  /// The group parameters are sharded over / replicated across (null without HSDP).
+  const ProcessGroupPtr& shard_group() const { return group_; }
+  const ProcessGroupPtr& replicate_group() const { return config_.replicate_group; }
+  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+  /// Explicit prefetch targets (FSDP2's set_modules_to_*_prefetch); replace the recorded
+  /// order for this group.
+  void set_forward_prefetch(std::vector<ParamGroup*> groups) { forward_prefetch_ = groups; }
+  void set_backward_prefetch(std::vector<ParamGroup*> groups) { backward_prefetch_ = groups; }
 
   // ---- verbs (idempotent; each checks its precondition) ----
   void unshard(bool async_op);
   void wait_for_unshard();
   void reshard();
+  /// summon_full_params: all-gathers the full parameters in the sharded dtype (with_grads:
+  /// their gradients too) / puts the shards back, copying writes into them (writeback).
+  void summon(bool with_grads);
+  void unsummon(bool writeback);
+  /// Join shadow (Note [Join replay]): the same collective as a training rank's, with this
+  /// rank's real shards for all-gathers and zero gradients for reduce-scatters.
+  void replay_all_gather(bool from_post_forward_slab);
+  void replay_reduce_scatter();
 
   // ---- phases, called by FSDPState's hooks ----
   void pre_forward();
@@ -67,6 +96,9 @@ class ParamGroup {
 
  private:
   void reshard_post_forward();
+  void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
+                ParamGroup* recorded_next);
+  c10::ScalarType reduce_dtype() const;
   void check(bool condition, const char* verb, const char* expected) const;
 
   std::string label_;
@@ -74,9 +106,12 @@ class ParamGroup {
   std::vector<ShardedParam*> raw_;
   FlatLayout flat_;
   ProcessGroupPtr group_;
-  ReshardAfterForward reshard_after_forward_;
-  ProcessGroupPtr post_forward_group_;  // the k-rank group of an integer reshard
+  GroupConfig config_;
   CommContext* comm_ = nullptr;
+  bool requires_gradient_sync_ = true;
+  std::optional<std::vector<ParamGroup*>> forward_prefetch_;
+  std::optional<std::vector<ParamGroup*>> backward_prefetch_;
+  std::vector<at::Tensor> summoned_grads_;  // the sharded grads, kept while kSummoned
   bool is_root_ = false;
 
   ShardState shard_state_ = ShardState::kSharded;

@@ -7,20 +7,31 @@
 
 namespace tdist::fsdp::detail {
 
-ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank)
+ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
+                           const ParamPolicy& policy)
     : fqn_(std::move(fqn)), param_(std::move(param)) {
   TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
   layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank);
+  requires_grad_ = param_.requires_grad();
+  const c10::Device compute = policy.compute_device.value_or(param_.device());
+  unsharded_options_ =
+      param_.options().dtype(policy.param_dtype.value_or(param_.scalar_type())).device(compute);
+  shard_options_ = param_.options();
+  if (policy.offload_to_cpu) {
+    shard_options_ = shard_options_.device(c10::kCPU);
+    // Page-locked memory needs a CUDA runtime; on a CPU-only run it would only cost.
+    if (policy.pin_memory && compute.is_cuda()) shard_options_ = shard_options_.pinned_memory(true);
+  }
   at::NoGradGuard no_grad;
   const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
-  padded_shard_ = at::zeros(layout_.padded_shard_shape(), param_.options());
+  padded_shard_ = at::zeros(layout_.padded_shard_shape(), shard_options_);
   if (layout_.local_rows > 0) {
     padded_shard_.view({layout_.shard_rows, layout_.row_numel})
         .narrow(0, 0, layout_.local_rows)
         .copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
   }
   local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
-  padded_unsharded_ = at::empty(layout_.padded_unsharded_shape(), param_.options());
+  padded_unsharded_ = at::empty(layout_.padded_unsharded_shape(), unsharded_options_);
   unsharded_view_ = padded_unsharded_.narrow(0, 0, layout_.dim0).view(param_.sizes());
   util::set_data_in_place(param_, local_shard_);
   util::free_storage(padded_unsharded_);
@@ -48,6 +59,11 @@ size_t ShardedParam::unsharded_nbytes() const {
 void ShardedParam::use_unsharded() {
   if (holds_unsharded_) return;
   util::set_data_in_place(param_, unsharded_view_);
+  holds_unsharded_ = true;
+}
+
+void ShardedParam::use_full(const at::Tensor& full) {
+  util::set_data_in_place(param_, full);
   holds_unsharded_ = true;
 }
 
@@ -81,10 +97,29 @@ at::Tensor ShardedParam::take_unsharded_grad() {
   return out;
 }
 
-void ShardedParam::accumulate_sharded_grad(const at::Tensor& grad) {
+void ShardedParam::accumulate_unsharded_grad(const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  if (accumulated_unsharded_grad_.defined()) {
+    accumulated_unsharded_grad_.add_(grad);
+  } else {
+    accumulated_unsharded_grad_ = grad;
+  }
+}
+
+at::Tensor ShardedParam::take_accumulated_unsharded_grad() {
+  at::Tensor out = std::move(accumulated_unsharded_grad_);
+  accumulated_unsharded_grad_ = at::Tensor();
+  return out;
+}
+
+void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
   at::Tensor& slot = param_.mutable_grad();
   at::Tensor total = std::move(stashed_grad_);
   stashed_grad_ = at::Tensor();
+  // Note [Mixed precision and offload]: the sharded gradient has the shard's dtype/device.
+  const at::Tensor grad = reduced.defined() ? reduced.to(shard_options_, /*non_blocking=*/false,
+                                                         /*copy=*/true)
+                                            : reduced;
   if (grad.defined()) {
     if (total.defined()) {
       total.add_(grad);

@@ -17,22 +17,51 @@
 // its life: reshard frees its bytes in place (util::free_storage, 0 bytes held) and unshard
 // re-allocates them in place, so those saved views see the re-gathered data in backward.
 
+//
+// Note [Mixed precision and offload]
+// The sharded data (what P holds at rest, what the optimizer steps) keeps the parameter's
+// dtype and lives on the host with CPU offload; the unsharded data (what P holds during
+// forward/backward) has param_dtype and lives on the compute device. So P's dtype and device
+// change with its shard state; autograd builds a fresh AccumulateGrad each step, and the
+// unsharded gradient arrives in param_dtype. Reduced gradients are converted back to the
+// sharded dtype/device when installed.
+
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include "tdist/fsdp/shard_layout.h"
 
 namespace tdist::fsdp::detail {
 
+/// How one parameter is stored sharded and computed with unsharded.
+struct ParamPolicy {
+  std::optional<c10::ScalarType> param_dtype;  // unsharded dtype; default: the param's
+  std::optional<c10::Device> compute_device;   // unsharded device; default: the param's
+  bool offload_to_cpu = false;                 // shards in host memory
+  bool pin_memory = false;                     // page-locked host shards (CUDA only)
+};
+
 class ShardedParam {
  public:
   /// Shards `param` (currently holding its full data, identical on all ranks) in place.
-  ShardedParam(std::string fqn, at::Tensor param, int world, int rank);
+  ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
+               const ParamPolicy& policy = {});
 
   const std::string& fqn() const { return fqn_; }
   const at::Tensor& param() const { return param_; }
   const ShardLayout& layout() const { return layout_; }
+  /// Frozen parameters (requires_grad false when sharded) are gathered, never reduced.
+  bool requires_grad() const { return requires_grad_; }
+  /// dtype/device of the sharded data (fp32 master, host with offload).
+  const at::TensorOptions& shard_options() const { return shard_options_; }
+  /// dtype/device of the unsharded data (param_dtype, compute device).
+  const at::TensorOptions& unsharded_options() const { return unsharded_options_; }
+  /// This rank's unpadded shard [local_rows, ...] (what P holds at rest).
+  const at::Tensor& local_shard() const { return local_shard_; }
 
   /// This rank's padded shard, flat (padded_shard_numel elements): the all-gather input.
   at::Tensor padded_shard_flat() const { return padded_shard_.view({-1}); }
@@ -49,6 +78,8 @@ class ShardedParam {
   /// Points P at its unsharded data / at its shard (Note [Parameter identity]).
   void use_unsharded();
   void use_sharded();
+  /// Points P at `full` (summon_full_params' separately gathered full data).
+  void use_full(const at::Tensor& full);
   bool holds_unsharded() const { return holds_unsharded_; }
 
   /// Before backward: moves P's sharded gradient aside so autograd accumulates the
@@ -60,15 +91,25 @@ class ShardedParam {
   /// installs the sum as P.grad. `grad` undefined: just restores the stash.
   void accumulate_sharded_grad(const at::Tensor& grad);
 
+  /// Gradient accumulation without communication (set_requires_gradient_sync(false)): the
+  /// unsharded gradient is kept here until a backward that syncs.
+  void accumulate_unsharded_grad(const at::Tensor& grad);
+  /// Takes the kept unsharded gradient (undefined if none).
+  at::Tensor take_accumulated_unsharded_grad();
+
  private:
   std::string fqn_;
   at::Tensor param_;  // the module's parameter (identity never changes)
   ShardLayout layout_;
-  at::Tensor padded_shard_;      // [shard_rows, ...], owns the sharded bytes
-  at::Tensor local_shard_;       // padded_shard_[:local_rows], what P holds at rest
-  at::Tensor padded_unsharded_;  // [world*shard_rows, ...], storage freed when sharded
-  at::Tensor unsharded_view_;    // padded_unsharded_[:dim0] reshaped to the param's shape
-  at::Tensor stashed_grad_;      // sharded grad kept aside during backward
+  at::Tensor padded_shard_;                // [shard_rows, ...], owns the sharded bytes
+  at::Tensor local_shard_;                 // padded_shard_[:local_rows], what P holds at rest
+  at::Tensor padded_unsharded_;            // [world*shard_rows, ...], storage freed when sharded
+  at::Tensor unsharded_view_;              // padded_unsharded_[:dim0] reshaped to the param's shape
+  at::Tensor stashed_grad_;                // sharded grad kept aside during backward
+  at::Tensor accumulated_unsharded_grad_;  // no-sync backward's gradient
+  at::TensorOptions shard_options_;
+  at::TensorOptions unsharded_options_;
+  bool requires_grad_ = true;
   bool holds_unsharded_ = false;
 };
 

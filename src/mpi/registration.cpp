@@ -1,8 +1,11 @@
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "executor.h"
 #include "tdist/comm/backend.h"
@@ -19,6 +22,23 @@ void register_mpi_backend() {
     Backend::register_backend(
         "mpi",
         [](const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout) {
+          if (size > 1 && !launched_by_mpirun() && store) {
+            // Every rank raises the same error: wait (briefly) until all have come this far,
+            // so that rank 0, which hosts the store, does not exit before the others.
+            const auto until =
+                std::chrono::steady_clock::now() +
+                std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
+            try {
+              store->add("mpi/not_launched_by_mpirun", 1);
+              while (store->add("mpi/not_launched_by_mpirun", 0) < size &&
+                     std::chrono::steady_clock::now() < until) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+              }
+            } catch (...) {
+              // The error below is what matters.
+            }
+          }
+          check_mpi_launch(rank, size);
           return std::make_shared<MPIBackend>(store, rank, size, timeout);
         },
         /*extended_api=*/true, {"cpu"});
@@ -28,6 +48,22 @@ void register_mpi_backend() {
           return LaunchInfo{bootstrap_store(timeout), world_rank(), world_size()};
         });
   });
+}
+
+void check_mpi_launch(int rank, int size) {
+  // Note [MPI under tdistrun]: tdistrun (like torchrun) starts plain processes. Each would
+  // initialise MPI as a singleton, a world of one, and OpenMPI singletons cannot join each
+  // other, so the group could never form: say so at once instead of failing inside MPI.
+  if (size <= 1 || launched_by_mpirun()) return;
+  TDIST_THROW(InvalidArgument,
+              "rank " + std::to_string(rank) + ": init_process_group(backend=\"mpi\") with " +
+                  "world_size " + std::to_string(size) +
+                  ", but this process was not started by mpirun (no OMPI_COMM_WORLD_SIZE/"
+                  "PMI_SIZE in its environment; tdistrun and torchrun start plain processes, "
+                  "and MPI cannot join those into one world). Start the job with `mpirun -n " +
+                  std::to_string(size) +
+                  " <program>` (rank and world size then come from MPI; no tdistrun needed), "
+                  "or use backend \"gloo\" under tdistrun");
 }
 
 bool launched_by_mpirun() {

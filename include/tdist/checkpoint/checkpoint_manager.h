@@ -4,6 +4,7 @@
 // newest valid one. Layout: <root>/step_00000120/ (a checkpoint, see checkpoint.h).
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ class CheckpointManager {
   /// Collective. Loads the newest checkpoint that loads on every rank, skipping incomplete or
   /// corrupt ones with a warning on stderr. nullopt when none is valid (a fresh start).
   std::optional<LoadResult> load_latest(ShardedStateDict& state, const LoadOptions& options = {});
+  /// load_latest with any loader (called with each candidate directory, newest first, and
+  /// the options to pass on; it must throw CheckpointError on every rank to move on), e.g.
+  /// load_module (see load_latest_module in module_state.h).
+  using Loader = std::function<LoadResult(const std::string& dir, const LoadOptions& options)>;
+  std::optional<LoadResult> load_latest(const Loader& loader, const LoadOptions& options = {});
 
   /// Every step directory and partial save under root, oldest first, with its status
   /// (metadata and sizes checked; data blocks not read).

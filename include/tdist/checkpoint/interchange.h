@@ -26,10 +26,13 @@ void save_safetensors(const TensorMap& tensors, const std::string& path,
 TensorMap load_safetensors(const std::string& path,
                            std::map<std::string, std::string>* metadata = nullptr);
 
-/// Parameters and buffers by PyTorch name (no prefix), detached, contiguous, on the CPU.
+/// Parameters and buffers by PyTorch name (no prefix), detached, contiguous, on the CPU
+/// (copies). For an FSDP (fully_shard) module the parameters are gathered whole: then it is
+/// collective, every rank of the shard group must call it.
 TensorMap module_tensors(const torch::nn::Module& module);
 /// Copies tensors into the module's parameters and buffers. With strict, a missing or extra
-/// name or a shape mismatch is a CheckpointError listing every offender.
+/// name or a shape mismatch is a CheckpointError listing every offender. Shapes are the
+/// whole tensors' also for an FSDP module, whose shards receive their rows (local).
 void load_module_tensors(torch::nn::Module& module, const TensorMap& tensors, bool strict = true);
 
 /// A full checkpoint (any world size) gathered into whole tensors on this process, e.g. to

@@ -1,8 +1,11 @@
 #pragma once
 
-// Adapters between a plain (unsharded) torch::nn::Module + torch::optim::Optimizer and the
-// ShardedStateDict that save/load exchange. Every rank holds every tensor whole; save()
-// writes each one once (owners round-robin), so ranks write in parallel.
+// Adapters between a torch::nn::Module + torch::optim::Optimizer and the ShardedStateDict
+// that save/load exchange, for plain, DDP and FSDP (fully_shard) modules alike; they use
+// tdist::fsdp's sharded state dicts (tdist/fsdp/state_dict.h). A plain or DDP module holds
+// every tensor whole on every rank and save() writes each one once (owners round-robin), so
+// ranks write in parallel; an FSDP module contributes each rank's dim-0 shards. A checkpoint
+// saved from any of them at world size N loads into any of them at world size M.
 //
 // Names: "model.<fqn>" for parameters and buffers (fqn as named_parameters() gives it, the
 // same as PyTorch's state_dict keys), "optim.state.<fqn>.<key>" for optimizer state
@@ -12,6 +15,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,14 +24,26 @@
 
 #include "tdist/checkpoint/checkpoint.h"
 
+namespace tdist::ddp {
+class DistributedDataParallel;
+}  // namespace tdist::ddp
+
 namespace tdist::checkpoint {
 
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimPrefix = "optim.state.";
 
-/// Parameters and buffers, whole, aliasing the module's storage (loading writes in place).
+/// Parameters and buffers, aliasing the module's storage (loading writes in place): whole,
+/// or this rank's shards of an FSDP module's parameters.
 ShardedStateDict module_state_dict(const torch::nn::Module& module,
                                    const std::string& prefix = kModelPrefix);
+
+/// The optimizer's per-parameter state as save_module writes it ("optim.state.<fqn>.<key>"),
+/// sliced like the parameters. Tensors alias the optimizer's state; `step` values are copies.
+/// With module_state_dict, what to hand a CheckpointManager for a custom save.
+ShardedStateDict optimizer_state_dict(const torch::nn::Module& module,
+                                      torch::optim::Optimizer& optimizer,
+                                      const std::string& prefix = kOptimPrefix);
 
 /// Saves module (+ optimizer when not null) + extra state. Collective, see save().
 void save_module(const torch::nn::Module& module, torch::optim::Optimizer* optimizer,
@@ -38,8 +54,25 @@ void save_module(const torch::nn::Module& module, torch::optim::Optimizer* optim
 LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                        const std::string& dir, const LoadOptions& options = {});
 
+/// DDP: the wrapped module's state (the same names as the plain module's).
+void save_module(const ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
+                 const ExtraState& extra, const std::string& dir, const SaveOptions& options = {});
+LoadResult load_module(ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
+                       const std::string& dir, const LoadOptions& options = {});
+
+class CheckpointManager;
+
+/// save_module through a CheckpointManager: into manager.path_for(step), then retention.
+std::string save_module(CheckpointManager& manager, int64_t step, const torch::nn::Module& module,
+                        torch::optim::Optimizer* optimizer, const ExtraState& extra);
+/// CheckpointManager::load_latest with load_module: the newest checkpoint under the manager's
+/// root that loads into module (+ optimizer); nullopt when none (a fresh start).
+std::optional<LoadResult> load_latest_module(CheckpointManager& manager, torch::nn::Module& module,
+                                             torch::optim::Optimizer* optimizer,
+                                             const LoadOptions& options = {});
+
 namespace detail {
-/// The optimizer state of module's parameters as whole tensors. Scalars (step) are copied
+/// The optimizer state of a plain module's parameters as whole tensors. Scalars (step) are copied
 /// into 0-dim int64 tensors; apply_scalars() writes loaded values back.
 struct OptimizerStateView {
   ShardedStateDict tensors;

@@ -44,6 +44,12 @@ struct GlooBackendOptions {
   TDIST_ARG(int, channels) = 2;
   /// Bytes per pipelined segment of the large-message algorithms.
   TDIST_ARG(size_t, segment_bytes) = size_t(1) << 20;
+  /// When every rank of the group is on this host, all_reduce, all_gather_into_tensor and
+  /// reduce_scatter_tensor move their data through shared memory (only headers go over
+  /// TCP). Experimental, off by default (TDIST_GLOO_SHM=1 turns it on): segments are
+  /// unlinked at teardown without a "done reading" exchange, so a slow peer can still race
+  /// a fast one's exit, and it is not yet measured to beat TCP on an idle machine.
+  TDIST_ARG(bool, shared_memory) = false;
 };
 
 class GlooBackend : public CollectiveBackend {
@@ -56,6 +62,8 @@ class GlooBackend : public CollectiveBackend {
 
   std::string name() const override { return "gloo"; }
   const GlooBackendOptions& options() const { return options_; }
+  /// Whether the same-host shared-memory path is in use (connects the group if needed).
+  bool uses_shared_memory();
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts) override;
@@ -108,7 +116,7 @@ class GlooBackend : public CollectiveBackend {
 };
 
 /// Options from the environment: GLOO_SOCKET_IFNAME, TORCH_GLOO_LAZY_INIT,
-/// TDIST_GLOO_CHANNELS.
+/// TDIST_GLOO_CHANNELS, TDIST_GLOO_SHM.
 GlooBackendOptions gloo_options_from_env();
 
 /// Factory for the backend registry: a GlooBackend with options from the environment.

@@ -16,7 +16,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -48,8 +51,50 @@ class ReshardAfterForward {
   int group_size_;
 };
 
+/// FSDP2's MixedPrecisionPolicy. Unset dtypes mean "the parameter's own dtype".
+///  param_dtype  : dtype of the unsharded parameters: all-gathered and computed in it; the
+///                 sharded (master) parameters and the optimizer state keep their dtype.
+///  reduce_dtype : dtype gradients are reduced in (reduce-scatter, and the all-reduce across
+///                 replicas with HSDP); default param_dtype. The sharded gradient is stored
+///                 in the sharded parameter's dtype.
+///  output_dtype : floating outputs of the module's forward are cast to it.
+///  cast_forward_inputs : floating tensor inputs are cast to param_dtype before forward.
+struct MixedPrecisionPolicy {
+  TDIST_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
+  TDIST_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
+  TDIST_ARG(std::optional<c10::ScalarType>, output_dtype) = std::nullopt;
+  TDIST_ARG(bool, cast_forward_inputs) = true;
+};
+
+/// FSDP2's OffloadPolicy: the default, no offloading.
+class OffloadPolicy {
+ public:
+  OffloadPolicy() = default;
+  /// True for CPUOffloadPolicy: sharded parameters, their gradients and so the optimizer
+  /// state live in host memory; each module copies its shards to the compute device for the
+  /// all-gather and its reduced gradients back. The optimizer steps on the host.
+  bool offload_to_cpu() const { return offload_to_cpu_; }
+  /// Page-locked host memory for the shards (only meaningful with CUDA).
+  bool pin_memory() const { return pin_memory_; }
+
+ protected:
+  OffloadPolicy(bool offload, bool pin) : offload_to_cpu_(offload), pin_memory_(pin) {}
+
+ private:
+  bool offload_to_cpu_ = false;
+  bool pin_memory_ = false;
+};
+
+/// FSDP2's CPUOffloadPolicy(pin_memory=True).
+class CPUOffloadPolicy : public OffloadPolicy {
+ public:
+  explicit CPUOffloadPolicy(bool pin_memory = true) : OffloadPolicy(true, pin_memory) {}
+};
+
 struct FullyShardOptions {
-  /// The 1-D mesh to shard over (2-D HSDP meshes: see issue 6). Default: the world.
+  /// The mesh to shard over. Default: the world. A 1-D mesh shards over its group; a 2-D
+  /// mesh (replicate, shard) is hybrid sharding (HSDP): parameters are sharded along dim 1
+  /// and gradients, once reduce-scattered there, are all-reduced along dim 0.
   TDIST_ARG(std::optional<mesh::DeviceMesh>, mesh) = std::nullopt;
   /// Ranks to shard over, when no mesh is given. Default: the world group.
   TDIST_ARG(ProcessGroupPtr, process_group) = nullptr;
@@ -58,8 +103,17 @@ struct FullyShardOptions {
   /// the root's options.
   TDIST_ARG(int, all_gather_limit) = 2;
   /// Prefetch the next module's all-gather in forward / the previous one's in backward.
-  /// Taken from the root's options.
+  /// Taken from the root's options; false turns both directions off.
   TDIST_ARG(bool, prefetch) = true;
+  /// Each direction on its own (FSDP1's forward_prefetch / backward_prefetch).
+  TDIST_ARG(bool, forward_prefetch) = true;
+  TDIST_ARG(bool, backward_prefetch) = true;
+  TDIST_ARG(MixedPrecisionPolicy, mp_policy) = {};
+  TDIST_ARG(OffloadPolicy, offload_policy) = {};
+  /// Parameters left alone: not sharded, not reduced (each rank keeps its own copy, as
+  /// FSDP2's ignored_params). Parameters with requires_grad=false are sharded but never
+  /// reduced (frozen parameters may share a module with trainable ones).
+  TDIST_ARG(std::vector<at::Tensor>, ignored_params) = {};
 };
 
 /// Per-module FSDP counters (see bench/fsdp).
@@ -88,8 +142,19 @@ class FSDPModule {
   size_t unsharded_bytes() const;
   const FSDPStats& stats() const;
   void reset_stats();
-  /// The module's name in the FSDP tree ("" for the root, "blocks.0" ...).
+  /// The module's name in the FSDP tree ("root" for the root, "blocks.0" ...).
   const std::string& label() const;
+
+  /// False: backward computes gradients but does not reduce them; they accumulate
+  /// unsharded on each rank until a backward with sync on (gradient accumulation without
+  /// communication; FSDP2's set_requires_gradient_sync). recurse: also every fully_shard'ed
+  /// module below this one.
+  void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  bool requires_gradient_sync() const;
+  /// Explicit prefetching (FSDP2): the modules whose all-gather this module issues at its
+  /// pre-forward / pre-backward, replacing the recorded-order default for this module.
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
   detail::FSDPState& state() const;
   explicit operator bool() const { return static_cast<bool>(state_); }
@@ -110,6 +175,20 @@ FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module,
                        const FullyShardOptions& options = {}) {
   return fully_shard(std::static_pointer_cast<torch::nn::Module>(module.ptr()), options);
 }
+
+/// RAII form of set_requires_gradient_sync(false) over the whole tree below `module` (FSDP1's
+/// no_sync()): restores the previous setting when it goes out of scope.
+class NoSync {
+ public:
+  explicit NoSync(FSDPModule module);
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  FSDPModule module_;
+  bool previous_;
+};
 
 /// The handle of a module fully_shard was applied to; throws InvalidArgument otherwise.
 FSDPModule fsdp_module(const torch::nn::Module& module);

@@ -5,6 +5,7 @@
 
 #include "comm/gloo/collective_common.h"
 #include "comm/gloo/ring.h"
+#include "comm/gloo/shm_collectives.h"
 #include "tdist/comm/gloo_backend.h"
 
 namespace tdist {
@@ -52,6 +53,10 @@ WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor
   return enqueue(Lane::kCollective, op, {output},
                  [this, op, out = output, in = input, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm()) {
+                     shm_all_gather(ex, *arena, out, in);
+                     return;
+                   }
                    ex.handshake(header_for(in, in.numel()), {}, {});
                    at::Tensor src = staged(in, in.scalar_type());
                    at::Tensor work = staged_output(out, out.scalar_type());

@@ -4,6 +4,7 @@
 
 #include "comm/gloo/collective_common.h"
 #include "comm/gloo/ring.h"
+#include "comm/gloo/shm_collectives.h"
 #include "tdist/comm/gloo_backend.h"
 
 namespace tdist {
@@ -69,6 +70,10 @@ WorkPtr GlooBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts
   return enqueue(Lane::kCollective, op, {tensor},
                  [this, op, t = tensor, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm()) {
+                     shm_all_reduce(ex, *arena, t, rop);
+                     return;
+                   }
                    ex.handshake(header_for(t, t.numel(), static_cast<int>(rop)), {}, {});
                    at::Tensor work = staged(t, accumulation_dtype(t.scalar_type()));
                    all_reduce_flat(ex, work, rop);
@@ -179,6 +184,10 @@ WorkPtr GlooBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor&
   return enqueue(Lane::kCollective, op, {output},
                  [this, op, out = output, in = input, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm()) {
+                     shm_reduce_scatter(ex, *arena, out, in, rop);
+                     return;
+                   }
                    ex.handshake(header_for(out, out.numel(), static_cast<int>(rop)), {}, {});
                    const auto acc = accumulation_dtype(out.scalar_type());
                    at::Tensor src = staged(in, acc);

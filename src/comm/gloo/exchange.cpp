@@ -191,10 +191,10 @@ void Exchange::recv_segmented(int peer, void* ptr, size_t bytes, uint64_t key_ba
   }
 }
 
-void Exchange::handshake(Header mine, const std::vector<int64_t>& send_bytes,
-                         const std::vector<int64_t>& recv_bytes) {
+std::vector<Header> Exchange::handshake(Header mine, const std::vector<int64_t>& send_bytes,
+                                        const std::vector<int64_t>& recv_bytes) {
   const int n = size();
-  if (n == 1) return;
+  if (n == 1) return {mine};
   mine.magic = kMagic;
   mine.seq = info_.seq;
   mine.op = op_code(info_.op);
@@ -247,6 +247,8 @@ void Exchange::handshake(Header mine, const std::vector<int64_t>& send_bytes,
                     "; every rank must call the same collectives in the same order with "
                     "matching dtypes, sizes, ops and roots");
   }
+  in[rank()] = mine;
+  return in;
 }
 
 }  // namespace tdist::detail

@@ -41,6 +41,8 @@ struct Header {
   int64_t total = 0;       // elements (or another size every rank agrees on)
   int64_t send_bytes = 0;  // bytes the sender sends to the receiver
   int64_t recv_bytes = 0;  // bytes the sender expects from the receiver
+  uint64_t shm_key = 0;    // shared-memory path: the sender's segment (0: it has none)
+  uint64_t shm_gen = 0;
 };
 
 /// Short description of a header for messages: "all_reduce(total=10, dtype=Float, op=SUM)".
@@ -60,9 +62,10 @@ class Exchange {
   GlooComm& comm() { return comm_; }
 
   /// Header handshake with every peer. `send_bytes[p]`/`recv_bytes[p]` are this rank's
-  /// payload sizes towards/from p (ignored for p == rank).
-  void handshake(Header mine, const std::vector<int64_t>& send_bytes,
-                 const std::vector<int64_t>& recv_bytes);
+  /// payload sizes towards/from p (ignored for p == rank). Returns every rank's header
+  /// (this rank's own at index rank).
+  std::vector<Header> handshake(Header mine, const std::vector<int64_t>& send_bytes,
+                                const std::vector<int64_t>& recv_bytes);
 
   /// Posts one message; `key` (< 2^32) must be unique per direction within this collective.
   /// Returns a handle for wait().

@@ -113,6 +113,10 @@ detail::GlooComm& GlooBackend::comm() {
   return *comm_;
 }
 
+bool GlooBackend::uses_shared_memory() {
+  return comm().shm() != nullptr;
+}
+
 std::chrono::milliseconds GlooBackend::effective_timeout(const CollectiveOptions& opts) const {
   return opts.timeout.count() > 0 ? opts.timeout : timeout_;
 }
@@ -185,6 +189,14 @@ GlooBackendOptions gloo_options_from_env() {
         end && *end == '\0' && n >= 1 && n <= 16,
         std::string("TDIST_GLOO_CHANNELS must be an integer in [1, 16], got '") + channels + "'");
     options.channels(static_cast<int>(n));
+  }
+  if (const char* shm = std::getenv("TDIST_GLOO_SHM"); shm && *shm) {
+    std::string v(shm);
+    TDIST_CHECK_ARG(v == "0" || v == "1",
+                    "TDIST_GLOO_SHM must be 0 (TCP only) or 1 (shared memory between ranks on "
+                    "one host), got '" +
+                        v + "'");
+    options.shared_memory(v == "1");
   }
   return options;
 }

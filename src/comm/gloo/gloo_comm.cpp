@@ -10,6 +10,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "comm/gloo/shm.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {
@@ -107,6 +108,7 @@ GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds t
     contexts_.push_back(std::move(context));
   }
   for (auto& context : contexts_) probes_.push_back(context->createUnboundBuffer(&probe_byte_, 1));
+  if (options.shared_memory()) shm_ = ShmArena::connect(store, rank, size, timeout);
   watchdog_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(watch_mutex_);
     while (!stop_watchdog_) {

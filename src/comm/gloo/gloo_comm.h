@@ -28,6 +28,8 @@ class UnboundBuffer;
 
 namespace tdist::detail {
 
+class ShmArena;
+
 class GlooComm {
  public:
   /// Connects the full mesh on every channel; throws TimeoutError/NetworkError naming the
@@ -66,6 +68,10 @@ class GlooComm {
   void watch(Waiter* waiter);
   void unwatch(Waiter* waiter);
 
+  /// The same-host shared-memory arena (Note [Shared-memory path]); nullptr when the ranks
+  /// are not all on this host or it is turned off.
+  ShmArena* shm() { return shm_.get(); }
+
   /// Hard-closes every connection so that peers blocked on this rank fail at once.
   void close();
 
@@ -84,6 +90,7 @@ class GlooComm {
   std::thread watchdog_;
   char probe_byte_ = 0;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> probes_;
+  std::unique_ptr<ShmArena> shm_;
 };
 
 }  // namespace tdist::detail

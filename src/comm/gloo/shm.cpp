@@ -1,0 +1,265 @@
+#include "comm/gloo/shm.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <mutex>
+#include <random>
+
+#include "tdist/error.h"
+
+namespace tdist::detail {
+
+namespace {
+
+constexpr size_t kProbeBytes = 4096;
+constexpr size_t kAlign = size_t(1) << 20;  // halves grow in whole MiB
+
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+// The creating process id (high half, for remove_stale_segments) and a random low half.
+uint64_t random_key() {
+  std::random_device rd;
+  return (uint64_t(static_cast<uint32_t>(::getpid())) << 32) | (uint64_t(rd()) | 1);
+}
+
+// Segments are named /tdist-gloo-<pid>-<key>-<generation>. A killed process leaves its
+// current segments behind: remove those of processes that no longer exist, once they are a
+// half a minute old (a process in another pid namespace that shares /dev/shm looks dead, but
+// its peers have mapped its segments long before then, and unlinking a mapped name is
+// harmless).
+void remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  const time_t now = ::time(nullptr);
+  while (dirent* e = ::readdir(dir)) {
+    long pid = 0;
+    if (std::sscanf(e->d_name, "tdist-gloo-%ld-", &pid) != 1 || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    struct stat st;
+    const std::string path = std::string("/dev/shm/") + e->d_name;
+    if (::stat(path.c_str(), &st) != 0 || now - st.st_mtime < 30) continue;
+    ::shm_unlink(("/" + std::string(e->d_name)).c_str());
+  }
+  ::closedir(dir);
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// Maps shared-memory object `name` (read-only unless `writable`); nullptr on failure.
+char* map_named(const std::string& name, bool writable, size_t* len) {
+  int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
+  if (fd < 0) return nullptr;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  void* p =
+      ::mmap(nullptr, st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  *len = static_cast<size_t>(st.st_size);
+  return static_cast<char*>(p);
+}
+
+// Creates, sizes (with the pages reserved, so that a full /dev/shm fails here and not as a
+// SIGBUS later) and maps `name`; nullptr with `error` set on failure.
+char* create_named(const std::string& name, size_t len, std::string& error) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    error = "shm_open(" + name + "): " + errno_text();
+    return nullptr;
+  }
+  int rc = ::ftruncate(fd, static_cast<off_t>(len));
+  if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(len));
+  if (rc != 0) {
+    error = "cannot reserve " + std::to_string(len) + " bytes of shared memory (" + name +
+            "): " + std::strerror(rc > 0 ? rc : errno) + " (is /dev/shm full?)";
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    error = "mmap(" + name + "): " + errno_text();
+    ::shm_unlink(name.c_str());
+    return nullptr;
+  }
+  return static_cast<char*>(p);
+}
+
+}  // namespace
+
+std::string ShmArena::name_of(uint64_t key, uint64_t gen) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "/tdist-gloo-%ld-%016llx-%llu", static_cast<long>(key >> 32),
+                static_cast<unsigned long long>(key), static_cast<unsigned long long>(gen));
+  return buf;
+}
+
+ShmArena::ShmArena(int rank, int size)
+    : rank_(rank), size_(size), key_(random_key()), peers_(size) {}
+
+namespace {
+
+// Names whose owner was destroyed before every peer had provably mapped them (a peer may
+// still be about to, for the last collective): unlinked by the next arena of this process
+// and at exit, when that window has long passed.
+std::mutex graveyard_mutex;
+std::vector<std::string>& graveyard() {
+  static auto* names = new std::vector<std::string>();
+  return *names;
+}
+void empty_graveyard() {
+  std::lock_guard<std::mutex> lock(graveyard_mutex);
+  for (auto& name : graveyard()) ::shm_unlink(name.c_str());
+  graveyard().clear();
+}
+void bury(std::string name) {
+  static const bool registered = [] { return std::atexit(empty_graveyard) == 0; }();
+  (void)registered;
+  std::lock_guard<std::mutex> lock(graveyard_mutex);
+  graveyard().push_back(std::move(name));
+}
+
+}  // namespace
+
+ShmArena::~ShmArena() {
+  if (mine_.ptr) ::munmap(mine_.ptr, mine_.len);
+  for (auto& m : peers_) {
+    if (m.ptr) ::munmap(m.ptr, m.len);
+  }
+  for (auto& a : to_unlink_) bury(a.name);
+}
+
+std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
+                                            std::chrono::milliseconds timeout) {
+  if (size <= 1) return nullptr;
+  empty_graveyard();
+  remove_stale_segments();
+  std::unique_ptr<ShmArena> arena(new ShmArena(rank, size));
+  const std::string probe = name_of(arena->key_, 0);
+  const std::string token = "tdist-shm " + std::to_string(arena->key_) + " " + boot_id();
+  std::string error;
+  char* mine = create_named(probe, kProbeBytes, error);
+  if (mine) std::memcpy(mine, token.c_str(), std::min(token.size() + 1, kProbeBytes));
+  store.set("gloo/shm/" + std::to_string(rank), mine ? probe + "\n" + token : std::string("-"));
+  std::vector<std::string> keys;
+  for (int p = 0; p < size; ++p) keys.push_back("gloo/shm/" + std::to_string(p));
+  bool ok = mine != nullptr;
+  try {
+    store.wait(keys, timeout);
+    for (int p = 0; p < size && ok; ++p) {
+      if (p == rank) continue;
+      std::string v = store.get_string(keys[p]);
+      auto nl = v.find('\n');
+      if (nl == std::string::npos) {
+        ok = false;
+        break;
+      }
+      size_t len = 0;
+      char* theirs = map_named(v.substr(0, nl), false, &len);
+      if (!theirs) {
+        ok = false;
+        break;
+      }
+      ok = std::strncmp(theirs, v.c_str() + nl + 1, len) == 0;
+      ::munmap(theirs, len);
+    }
+    store.set("gloo/shm_ok/" + std::to_string(rank), std::string(ok ? "1" : "0"));
+    std::vector<std::string> oks;
+    for (int p = 0; p < size; ++p) oks.push_back("gloo/shm_ok/" + std::to_string(p));
+    store.wait(oks, timeout);
+    for (int p = 0; p < size && ok; ++p) ok = store.get_string(oks[p]) == "1";
+  } catch (...) {
+    if (mine) {
+      ::munmap(mine, kProbeBytes);
+      ::shm_unlink(probe.c_str());
+    }
+    throw;
+  }
+  if (mine) {
+    ::munmap(mine, kProbeBytes);
+    ::shm_unlink(probe.c_str());
+  }
+  if (!ok) return nullptr;
+  return arena;
+}
+
+char* ShmArena::local(size_t bytes, int parity) {
+  if (bytes > half_ || !mine_.ptr) {
+    const size_t half = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    const std::string name = name_of(key_, gen_ + 1);
+    char* p = create_named(name, 2 * half, error_);
+    if (!p) return nullptr;
+    // Peers keep their own mapping of the previous generation (and its name stays in
+    // to_unlink_ until they have mapped it), so dropping ours is safe.
+    if (mine_.ptr) ::munmap(mine_.ptr, mine_.len);
+    ++gen_;
+    mine_ = {key_, gen_, p, 2 * half};
+    half_ = half;
+    // Announced in this collective; unlinked once every peer has passed it.
+    to_unlink_.push_back({name, ops_});
+  }
+  return mine_.ptr + parity * half_;
+}
+
+void ShmArena::peers_synced(uint64_t op) {
+  // Every peer's header of collective `op` shows it finished collective op - 1, where it
+  // mapped whatever this rank announced up to then.
+  size_t kept = 0;
+  for (auto& a : to_unlink_) {
+    if (a.op < op) {
+      ::shm_unlink(a.name.c_str());
+    } else {
+      to_unlink_[kept++] = a;
+    }
+  }
+  to_unlink_.resize(kept);
+}
+
+const char* ShmArena::remote(int peer, uint64_t key, uint64_t gen, int parity, size_t bytes) {
+  Mapping& m = peers_[peer];
+  if (m.key != key || m.gen != gen || !m.ptr) {
+    if (m.ptr) ::munmap(m.ptr, m.len);
+    m = Mapping{};
+    size_t len = 0;
+    char* p = map_named(name_of(key, gen), false, &len);
+    if (!p) {
+      TDIST_THROW(DistBackendError,
+                  "rank " + std::to_string(rank_) + ": gloo cannot map the shared memory of rank " +
+                      std::to_string(peer) + " (" + name_of(key, gen) + "): " + errno_text() +
+                      "; set TDIST_GLOO_SHM=0 to use TCP only");
+    }
+    m = {key, gen, p, len};
+  }
+  const size_t half = m.len / 2;
+  if (bytes > half) {
+    TDIST_THROW(DistBackendError, "rank " + std::to_string(rank_) + ": the shared memory of rank " +
+                                      std::to_string(peer) + " holds " + std::to_string(half) +
+                                      " bytes but " + std::to_string(bytes) +
+                                      " are needed (ranks disagree on the size)");
+  }
+  return m.ptr + parity * half;
+}
+
+}  // namespace tdist::detail

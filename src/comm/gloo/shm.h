@@ -1,0 +1,95 @@
+#pragma once
+
+// Same-host shared-memory data path of the Gloo engine (see Note [Shared-memory path]).
+//
+// Note [Shared-memory path]: when every rank of a group runs on one host (probed at connect:
+// every rank maps every other rank's probe segment), all_reduce, all_gather_into_tensor and
+// reduce_scatter_tensor move their payload through POSIX shared memory instead of TCP
+// loopback; only the small per-collective header (which also carries the segment names)
+// and, for all_reduce, one "chunk reduced" notification travel over gloo. So the cross-rank
+// check, the timeouts and the dead-peer watchdog are those of the TCP path, and a mismatch
+// still raises DistBackendError on every rank instead of aborting.
+//
+// Each collective copies this rank's input into its own segment, announces it in the header
+// handshake, then reads the peers' segments directly: all_gather copies every rank's block,
+// reduce_scatter reduces its block from every segment, and all_reduce (up to 4 ranks) has
+// every rank reduce the whole buffer in rank order, so each takes a single synchronisation.
+//
+// Each rank owns one segment split in two halves; shared-memory collective number m uses half
+// m % 2. A rank writes half m % 2 only at the start of collective m; peers read it during
+// collective m - 2 at the latest, and their header of collective m - 1 (which this rank has
+// received before starting m) proves they are past m - 2. A segment that is too small is
+// replaced by a larger one (a new generation with a new name); peers map the new name when
+// the header announces it. Names are unlinked once every peer has provably mapped them (its
+// header of the next collective), and on destruction. Names carry the creator's pid: segments
+// a killed process left in /dev/shm are removed by the next arena that connects.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdist/store/store.h"
+
+namespace tdist::detail {
+
+class ShmArena {
+ public:
+  /// Probes through `store` whether every rank can map every other rank's shared memory.
+  /// All ranks get the same answer: an arena, or nullptr (then the TCP path is used).
+  static std::unique_ptr<ShmArena> connect(Store& store, int rank, int size,
+                                           std::chrono::milliseconds timeout);
+  ~ShmArena();
+  ShmArena(const ShmArena&) = delete;
+  ShmArena& operator=(const ShmArena&) = delete;
+
+  /// Starts the next shared-memory collective; returns its number (1, 2, ...). Its half is
+  /// number % 2.
+  uint64_t begin_op() { return ++ops_; }
+
+  /// This rank's half `parity`, at least `bytes` long (grows the segment when needed).
+  /// Returns nullptr when the memory cannot be had (/dev/shm full); the caller announces
+  /// that in its header (key 0) so that every rank raises.
+  char* local(size_t bytes, int parity);
+  uint64_t key() const { return key_; }
+  uint64_t generation() const { return gen_; }
+  /// Why the last local() failed.
+  const std::string& last_error() const { return error_; }
+
+  /// Call once every peer's header of collective `op` has arrived: unlinks the names
+  /// announced in earlier collectives (every peer has mapped them).
+  void peers_synced(uint64_t op);
+
+  /// Peer p's half `parity` of its segment (key, gen) as announced in its header, at least
+  /// `bytes` long; maps it on first use. Throws DistBackendError when it cannot.
+  const char* remote(int peer, uint64_t key, uint64_t gen, int parity, size_t bytes);
+
+ private:
+  ShmArena(int rank, int size);
+  struct Mapping {
+    uint64_t key = 0;
+    uint64_t gen = 0;
+    char* ptr = nullptr;
+    size_t len = 0;
+  };
+  struct Announced {
+    std::string name;
+    uint64_t op;
+  };
+  static std::string name_of(uint64_t key, uint64_t gen);
+
+  int rank_;
+  int size_;
+  uint64_t key_;
+  uint64_t gen_ = 0;
+  uint64_t ops_ = 0;
+  Mapping mine_;
+  size_t half_ = 0;
+  std::vector<Mapping> peers_;
+  std::vector<Announced> to_unlink_;
+  std::string error_;
+};
+
+}  // namespace tdist::detail

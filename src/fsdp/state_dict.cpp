@@ -1,0 +1,622 @@
+// Model and optimizer state dicts of FSDP (and plain) modules; see state_dict.h.
+//
+// Note [State dict entries]
+// The entries are every parameter and buffer of the module, named by the module tree
+// (named_parameters()/named_buffers()), so the names are those of the unsharded model. A
+// parameter that a fully_shard call under the module manages is found by identity (its
+// TensorImpl, Note [Parameter identity]) among the ShardedParams of the FSDP states of the
+// module and its descendants; its data is the ShardedParam's local shard (what P holds at
+// rest, in the sharded dtype even under mixed precision). Everything else (buffers, ignored
+// parameters) is whole on every rank. Optimizer state is shaped like the parameter's local
+// data, so it is sliced the same way.
+
+#include "tdist/fsdp/state_dict.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim.h>
+
+#include "fsdp/fsdp_state.h"
+#include "fsdp/param_group.h"
+#include "fsdp/registry.h"
+#include "fsdp/sharded_param.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/comm/object_collectives.h"
+#include "tdist/error.h"
+
+namespace tdist::fsdp {
+namespace detail {
+namespace {
+
+// ---- optimizer state fields ----------------------------------------------------------------
+
+// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address printed as a
+// string; 2.x keys it by the address itself. The map's key type decides.
+template <typename Map>
+typename Map::key_type optimizer_state_key_for(const at::Tensor& param) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;  // what c10::guts::to_string(impl) gives in 1.13
+    out << static_cast<void*>(param.unsafeGetTensorImpl());
+    return out.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+auto optimizer_state_key(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  using Map = std::decay_t<decltype(optimizer.state())>;
+  return optimizer_state_key_for<Map>(param);
+}
+
+class FieldCollector {
+ public:
+  FieldCollector(const at::Tensor& like, const std::set<std::string>& create)
+      : like_(like), create_(create) {}
+
+  bool creating() const { return !create_.empty(); }
+
+  template <typename State, typename Get, typename Set>
+  void tensor(State& st, const char* name, Get get, Set set) {
+    at::Tensor t = get(st);
+    if (!t.defined() && create_.count(name) > 0) {
+      t = at::zeros_like(like_, at::MemoryFormat::Contiguous);
+      set(st, t);
+    }
+    if (t.defined()) out_.push_back({name, t, false, {}});
+  }
+
+  template <typename State, typename Get, typename Set>
+  void step(State& st, Get get, Set set) {
+    at::Tensor t = at::scalar_tensor(static_cast<int64_t>(get(st)), at::kLong);
+    State* target = &st;
+    out_.push_back({"step", t, true, [target, set](int64_t v) { set(*target, v); }});
+  }
+
+  std::vector<OptimizerStateField> take() { return std::move(out_); }
+
+ private:
+  at::Tensor like_;
+  const std::set<std::string>& create_;
+  std::vector<OptimizerStateField> out_;
+};
+
+template <typename State>
+State* find_or_create(torch::optim::Optimizer& optimizer, const at::Tensor& param, bool create) {
+  auto& states = optimizer.state();
+  const auto key = optimizer_state_key(optimizer, param);
+  auto it = states.find(key);
+  if (it == states.end()) {
+    if (!create) return nullptr;
+    it = states.emplace(key, std::make_unique<State>()).first;
+  }
+  auto* st = dynamic_cast<State*>(it->second.get());
+  TDIST_CHECK_ARG(st != nullptr,
+                  "optimizer state dict: the optimizer's per-parameter state "
+                  "has an unexpected type for its optimizer class");
+  return st;
+}
+
+template <typename State>
+void adam_like(torch::optim::Optimizer& opt, const at::Tensor& p, FieldCollector& f) {
+  auto* st = find_or_create<State>(opt, p, f.creating());
+  if (st == nullptr) return;
+  f.step(
+      *st, [](State& s) { return s.step(); }, [](State& s, int64_t v) { s.step(v); });
+  f.tensor(
+      *st, "exp_avg", [](State& s) { return s.exp_avg(); },
+      [](State& s, const at::Tensor& t) { s.exp_avg(t); });
+  f.tensor(
+      *st, "exp_avg_sq", [](State& s) { return s.exp_avg_sq(); },
+      [](State& s, const at::Tensor& t) { s.exp_avg_sq(t); });
+  f.tensor(
+      *st, "max_exp_avg_sq", [](State& s) { return s.max_exp_avg_sq(); },
+      [](State& s, const at::Tensor& t) { s.max_exp_avg_sq(t); });
+}
+
+const std::set<std::string>& known_fields() {
+  static const std::set<std::string> fields{"step",           "exp_avg",         "exp_avg_sq",
+                                            "max_exp_avg_sq", "momentum_buffer", "sum",
+                                            "square_avg",     "grad_avg"};
+  return fields;
+}
+
+}  // namespace
+
+std::vector<OptimizerStateField> optimizer_state_fields(torch::optim::Optimizer& optimizer,
+                                                        const at::Tensor& param,
+                                                        const at::Tensor& like,
+                                                        const std::set<std::string>& create) {
+  namespace o = torch::optim;
+  FieldCollector f(like, create);
+  if (dynamic_cast<o::AdamW*>(&optimizer) != nullptr) {
+    adam_like<o::AdamWParamState>(optimizer, param, f);
+  } else if (dynamic_cast<o::Adam*>(&optimizer) != nullptr) {
+    adam_like<o::AdamParamState>(optimizer, param, f);
+  } else if (dynamic_cast<o::SGD*>(&optimizer) != nullptr) {
+    using S = o::SGDParamState;
+    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
+      f.tensor(
+          *st, "momentum_buffer", [](S& s) { return s.momentum_buffer(); },
+          [](S& s, const at::Tensor& t) { s.momentum_buffer(t); });
+    }
+  } else if (dynamic_cast<o::Adagrad*>(&optimizer) != nullptr) {
+    using S = o::AdagradParamState;  // created eagerly by the optimizer
+    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
+      f.step(
+          *st, [](S& s) { return s.step(); }, [](S& s, int64_t v) { s.step(v); });
+      f.tensor(
+          *st, "sum", [](S& s) { return s.sum(); }, [](S& s, const at::Tensor& t) { s.sum(t); });
+    }
+  } else if (dynamic_cast<o::RMSprop*>(&optimizer) != nullptr) {
+    using S = o::RMSpropParamState;
+    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
+      f.step(
+          *st, [](S& s) { return s.step(); }, [](S& s, int64_t v) { s.step(v); });
+      f.tensor(
+          *st, "square_avg", [](S& s) { return s.square_avg(); },
+          [](S& s, const at::Tensor& t) { s.square_avg(t); });
+      f.tensor(
+          *st, "momentum_buffer", [](S& s) { return s.momentum_buffer(); },
+          [](S& s, const at::Tensor& t) { s.momentum_buffer(t); });
+      f.tensor(
+          *st, "grad_avg", [](S& s) { return s.grad_avg(); },
+          [](S& s, const at::Tensor& t) { s.grad_avg(t); });
+    }
+  } else {
+    TDIST_THROW(InvalidArgument,
+                "optimizer state dict: optimizer type not supported (SGD, Adam, AdamW, Adagrad, "
+                "RMSprop are); save its state as a ShardedStateDict yourself");
+  }
+  return f.take();
+}
+
+namespace {
+
+// ---- the module's entries (Note [State dict entries]) -------------------------------------
+
+struct Entry {
+  at::Tensor tensor;                      // the parameter or buffer itself
+  const ShardedParam* sharded = nullptr;  // set when FSDP shards it
+  ParamGroup* group = nullptr;            // the group communicating it
+
+  /// This rank's data: the local shard, or the whole tensor.
+  at::Tensor local() const { return sharded ? sharded->local_shard() : tensor.detach(); }
+};
+
+struct ModuleEntries {
+  std::map<std::string, Entry> entries;  // parameters and buffers by name
+  std::unordered_map<const c10::TensorImpl*, std::string> param_names;
+  std::vector<ParamGroup*> groups;
+};
+
+ModuleEntries collect(const torch::nn::Module& module) {
+  ModuleEntries out;
+  std::unordered_map<const c10::TensorImpl*, std::pair<const ShardedParam*, ParamGroup*>> managed;
+  auto visit = [&](const torch::nn::Module& m) {
+    FSDPState* state = find_state(m);
+    if (state == nullptr || state->group() == nullptr) return;
+    out.groups.push_back(state->group());
+    for (const auto& sp : state->group()->params()) {
+      managed[sp->param().unsafeGetTensorImpl()] = {sp.get(), state->group()};
+    }
+  };
+  visit(module);
+  for (const auto& child : module.modules(/*include_self=*/false)) visit(*child);
+
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    Entry e;
+    e.tensor = item.value();
+    auto it = managed.find(e.tensor.unsafeGetTensorImpl());
+    if (it != managed.end()) {
+      e.sharded = it->second.first;
+      e.group = it->second.second;
+    }
+    out.param_names.emplace(e.tensor.unsafeGetTensorImpl(), item.key());
+    out.entries[item.key()] = e;
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    Entry e;
+    e.tensor = item.value();
+    out.entries[item.key()] = e;
+  }
+  return out;
+}
+
+bool distributed() {
+  return is_initialized() && get_world_size() > 1;
+}
+
+int global_rank() {
+  return is_initialized() ? get_rank() : 0;
+}
+
+std::string on_rank() {
+  return " on rank " + std::to_string(global_rank());
+}
+
+/// Writing needs every group idle and resharded (a root left unsharded by a forward-only
+/// call would otherwise keep computing with stale unsharded data).
+void prepare_for_write(const ModuleEntries& me, const char* op) {
+  for (ParamGroup* g : me.groups) {
+    if (g->training_state() != TrainingState::kIdle || g->shard_state() == ShardState::kSummoned) {
+      TDIST_THROW(InvalidArgument, std::string(op) + on_rank() + ": module '" + g->label() +
+                                       "' is in training state " + to_string(g->training_state()) +
+                                       ", shard state " + to_string(g->shard_state()) +
+                                       "; load state dicts between steps, outside forward/"
+                                       "backward and summon_full_params");
+    }
+    g->reshard();
+  }
+}
+
+/// The slice of a sharded entry's local data (nullopt: a 0-dim tensor this rank does not own).
+std::optional<ShardedTensor> slice_of(const at::Tensor& local, const ShardLayout& layout) {
+  if (layout.shape.empty()) {
+    if (layout.local_rows == 0) return std::nullopt;
+    return ShardedTensor::whole(local.view({}));
+  }
+  std::vector<int64_t> offsets(layout.shape.size(), 0);
+  offsets[0] = layout.row_offset;
+  return ShardedTensor{local, layout.shape, offsets};
+}
+
+/// All-gathers a tensor sliced like `sp` (its local data `local`) into the whole tensor, over
+/// the shard group, on the compute device.
+at::Tensor gather_full(const at::Tensor& local, const ShardedParam& sp, ParamGroup* group) {
+  const ShardLayout& l = sp.layout();
+  const auto options = local.options().device(sp.unsharded_options().device());
+  if (l.world == 1 || l.numel() == 0) {
+    return local.detach().to(options, /*non_blocking=*/false, /*copy=*/true).reshape(l.shape);
+  }
+  at::Tensor input = at::zeros({l.shard_rows, l.row_numel}, options);
+  if (l.local_rows > 0) {
+    input.narrow(0, 0, l.local_rows).copy_(local.detach().reshape({l.local_rows, l.row_numel}));
+  }
+  at::Tensor output = at::empty({l.padded_rows(), l.row_numel}, options);
+  all_gather_into_tensor(output, input, group->shard_group());
+  at::Tensor full = output.narrow(0, 0, l.dim0).reshape(l.shape);
+  return l.padded_rows() == l.dim0 ? full : full.clone();  // drop the padding's bytes
+}
+
+/// A full-state-dict value: a copy, on the CPU with cpu_offload.
+at::Tensor full_value(const at::Tensor& t, bool gathered, const StateDictOptions& options) {
+  if (options.cpu_offload()) {
+    return t.detach().to(at::TensorOptions().device(at::kCPU), false, /*copy=*/!gathered);
+  }
+  return gathered ? t : t.detach().clone();
+}
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream out;
+  out << shape;
+  return out.str();
+}
+
+/// Copies `src` (whole when `full`, else this rank's slice) into `target`, this rank's data
+/// of an entry (the local shard or the whole tensor). Throws naming `key` on a mismatch.
+void write_value(const std::string& key, const at::Tensor& target, const Entry& e,
+                 const ShardedTensor& src, bool full) {
+  auto fail = [&](const std::string& why) {
+    TDIST_THROW(InvalidArgument, "set state dict" + on_rank() + ": '" + key + "': " + why);
+  };
+  if (!src.local.defined()) fail("undefined tensor");
+  if (e.sharded == nullptr) {
+    // Full state dicts: only the tensor itself counts; sharded ones must say it is whole.
+    const bool whole = src.local.sizes() == target.sizes() &&
+                       (full || (src.global_shape == target.sizes().vec() &&
+                                 std::all_of(src.offsets.begin(), src.offsets.end(),
+                                             [](int64_t o) { return o == 0; })));
+    if (!whole) {
+      fail("expected the whole tensor of shape " + shape_str(target.sizes()) + ", got a slice " +
+           shape_str(src.local.sizes()) + " of " + shape_str(src.global_shape));
+    }
+    target.copy_(src.local);
+    return;
+  }
+  const ShardLayout& l = e.sharded->layout();
+  if (full) {
+    if (src.local.sizes().vec() != l.shape) {
+      fail("expected the full tensor of shape " + shape_str(l.shape) + ", got " +
+           shape_str(src.local.sizes()));
+    }
+    if (l.local_rows > 0) {
+      target.view({l.local_rows, l.row_numel})
+          .copy_(src.local.reshape({l.dim0, l.row_numel}).narrow(0, l.row_offset, l.local_rows));
+    }
+    return;
+  }
+  const auto expected = slice_of(target, l);
+  if (!expected) return;  // a 0-dim tensor owned by another rank
+  if (src.global_shape != expected->global_shape || src.offsets != expected->offsets ||
+      src.local.sizes() != expected->local.sizes()) {
+    fail("expected this rank's slice " + shape_str(expected->local.sizes()) + " at offsets " +
+         shape_str(expected->offsets) + " of " + shape_str(l.shape) + ", got " +
+         shape_str(src.local.sizes()) + " at " + shape_str(src.offsets) + " of " +
+         shape_str(src.global_shape) +
+         "; a sharded state dict loads only at the sharding it was taken with (reshard "
+         "through tdist::checkpoint)");
+  }
+  expected->local.copy_(src.local);
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+/// rank0_only: rank 0's full state dict, broadcast to every rank (Python's
+/// broadcast_from_rank0). Every rank returns the same dict.
+ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
+  std::vector<Object> header(1);
+  if (global_rank() == 0) {
+    Object::List entries;
+    for (const auto& [name, st] : state) {
+      if (!st.local.defined()) continue;
+      Object::List shape;
+      for (int64_t d : st.local.sizes()) shape.emplace_back(d);
+      entries.emplace_back(Object::Dict{{"name", name},
+                                        {"dtype", static_cast<int64_t>(st.local.scalar_type())},
+                                        {"shape", Object(shape)}});
+    }
+    header[0] = Object(entries);
+  }
+  broadcast_object_list(header, 0);
+  ShardedStateDict out;
+  for (const auto& entry : header[0].as_list()) {
+    std::vector<int64_t> shape;
+    for (const auto& d : entry.at("shape").as_list()) shape.push_back(d.as_int());
+    const auto dtype = static_cast<at::ScalarType>(entry.at("dtype").as_int());
+    const std::string& name = entry.at("name").as_string();
+    at::Tensor t;
+    if (global_rank() == 0) {
+      t = state.at(name).local.detach().to(at::kCPU, dtype).contiguous();
+    } else {
+      t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    }
+    if (t.numel() > 0) broadcast(t, 0);
+    out[name] = ShardedTensor::whole(t);
+  }
+  return out;
+}
+
+/// The optimizer's fields by key "<fqn>.<field>", with the entry of their parameter.
+struct OptimizerItem {
+  OptimizerStateField field;
+  const Entry* entry;
+};
+
+std::map<std::string, OptimizerItem> optimizer_items(torch::optim::Optimizer& optimizer,
+                                                     const ModuleEntries& me) {
+  std::map<std::string, OptimizerItem> out;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      auto name = me.param_names.find(p.unsafeGetTensorImpl());
+      TDIST_CHECK_ARG(name != me.param_names.end(),
+                      "get_optimizer_state_dict" + on_rank() +
+                          ": the optimizer holds a parameter the module does not have; pass "
+                          "the module the optimizer was built from");
+      const Entry& e = me.entries.at(name->second);
+      for (auto& f : optimizer_state_fields(optimizer, p, e.local())) {
+        if (!f.is_step && f.tensor.sizes() != e.local().sizes()) {
+          TDIST_THROW(InvalidArgument, "get_optimizer_state_dict" + on_rank() + ": state '" +
+                                           f.name + "' of '" + name->second + "' has shape " +
+                                           shape_str(f.tensor.sizes()) + ", not the parameter's " +
+                                           shape_str(e.local().sizes()));
+        }
+        out.emplace(name->second + "." + f.name, OptimizerItem{f, &e});
+      }
+    }
+  }
+  return out;
+}
+
+/// Full optimizer state dicts gather key by key; check every rank of each shard group has
+/// the same keys first (else the gathers would pair up wrong or hang).
+void agree_on_keys(const std::map<std::string, OptimizerItem>& items, const ModuleEntries& me) {
+  if (me.groups.empty() || me.groups.front()->shard_group() == nullptr ||
+      me.groups.front()->shard_group()->size() == 1) {
+    return;
+  }
+  std::string keys;
+  for (const auto& [key, item] : items) keys += key + "\n";
+  std::vector<Object> all;
+  all_gather_object(all, Object(keys), me.groups.front()->shard_group());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].as_string() != keys) {
+      TDIST_THROW(InvalidArgument,
+                  "get_optimizer_state_dict" + on_rank() +
+                      ": the ranks of the shard group hold state for different parameters "
+                      "(shard-group rank " +
+                      std::to_string(r) +
+                      " differs); step the optimizer on every rank before taking a full state "
+                      "dict");
+    }
+  }
+}
+
+}  // namespace
+
+void prepare_to_load(const torch::nn::Module& module) {
+  prepare_for_write(collect(module), "load into a sharded state dict");
+}
+
+}  // namespace detail
+
+// ---- public API ------------------------------------------------------------------------------
+
+ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
+                                      const StateDictOptions& options) {
+  const detail::ModuleEntries me = detail::collect(module);
+  ShardedStateDict out;
+  const bool keep = !options.rank0_only() || detail::global_rank() == 0;
+  for (const auto& [name, e] : me.entries) {
+    if (!options.full_state_dict()) {
+      if (e.sharded == nullptr) {
+        out[name] = ShardedTensor::whole(e.local());
+      } else if (auto slice = detail::slice_of(e.local(), e.sharded->layout())) {
+        out[name] = *slice;
+      }
+      continue;
+    }
+    if (e.sharded != nullptr) {
+      at::Tensor full = detail::gather_full(e.local(), *e.sharded, e.group);  // collective
+      if (keep) out[name] = ShardedTensor::whole(detail::full_value(full, true, options));
+    } else if (keep) {
+      out[name] = ShardedTensor::whole(detail::full_value(e.local(), false, options));
+    }
+  }
+  return out;
+}
+
+void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& state,
+                          const StateDictOptions& options) {
+  const detail::ModuleEntries me = detail::collect(module);
+  detail::prepare_for_write(me, "set_model_state_dict");
+  const bool full = options.full_state_dict();
+  ShardedStateDict received;
+  const ShardedStateDict* src = &state;
+  if (full && options.rank0_only() && detail::distributed()) {
+    received = detail::broadcast_from_rank0(state);
+    src = &received;
+  }
+  std::vector<std::string> missing, unexpected;
+  for (const auto& [name, e] : me.entries) {
+    const bool expected = full || e.sharded == nullptr || !e.sharded->layout().shape.empty() ||
+                          e.sharded->layout().local_rows > 0;
+    if (expected && src->count(name) == 0) missing.push_back(name);
+  }
+  for (const auto& [name, st] : *src) {
+    if (me.entries.count(name) == 0) unexpected.push_back(name);
+  }
+  if (options.strict() && (!missing.empty() || !unexpected.empty())) {
+    TDIST_THROW(InvalidArgument, "set_model_state_dict" + detail::on_rank() +
+                                     ": the state dict does not match the module. missing: [" +
+                                     detail::join(missing) + "] unexpected: [" +
+                                     detail::join(unexpected) +
+                                     "]; pass strict(false) to load what matches");
+  }
+  c10::AutoGradMode no_grad(false);
+  for (const auto& [name, e] : me.entries) {
+    auto it = src->find(name);
+    if (it == src->end()) continue;
+    detail::write_value(name, e.local(), e, it->second, full);
+  }
+}
+
+ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
+                                          torch::optim::Optimizer& optimizer,
+                                          const StateDictOptions& options) {
+  const detail::ModuleEntries me = detail::collect(module);
+  const auto items = detail::optimizer_items(optimizer, me);
+  ShardedStateDict out;
+  if (!options.full_state_dict()) {
+    for (const auto& [key, item] : items) {
+      const detail::Entry& e = *item.entry;
+      if (item.field.is_step || e.sharded == nullptr) {
+        out[key] = ShardedTensor::whole(item.field.tensor);
+      } else if (auto slice = detail::slice_of(item.field.tensor, e.sharded->layout())) {
+        out[key] = *slice;
+      }
+    }
+    return out;
+  }
+  detail::agree_on_keys(items, me);
+  const bool keep = !options.rank0_only() || detail::global_rank() == 0;
+  for (const auto& [key, item] : items) {
+    const detail::Entry& e = *item.entry;
+    if (!item.field.is_step && e.sharded != nullptr) {
+      at::Tensor full = detail::gather_full(item.field.tensor, *e.sharded, e.group);
+      if (keep) out[key] = ShardedTensor::whole(detail::full_value(full, true, options));
+    } else if (keep) {
+      out[key] = ShardedTensor::whole(detail::full_value(item.field.tensor, false, options));
+    }
+  }
+  return out;
+}
+
+void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                              const ShardedStateDict& state, const StateDictOptions& options) {
+  const detail::ModuleEntries me = detail::collect(module);
+  detail::prepare_for_write(me, "set_optimizer_state_dict");
+  const bool full = options.full_state_dict();
+  ShardedStateDict received;
+  const ShardedStateDict* src = &state;
+  if (full && options.rank0_only() && detail::distributed()) {
+    received = detail::broadcast_from_rank0(state);
+    src = &received;
+  }
+  // Keys by parameter: "<fqn>.<field>", the field never containing a dot.
+  std::map<std::string, std::map<std::string, const ShardedTensor*>> by_param;
+  std::vector<std::string> unexpected;
+  std::map<std::string, const at::Tensor*> optimizer_params;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      auto name = me.param_names.find(p.unsafeGetTensorImpl());
+      TDIST_CHECK_ARG(name != me.param_names.end(),
+                      "set_optimizer_state_dict" + detail::on_rank() +
+                          ": the optimizer holds a parameter the module does not have; pass "
+                          "the module the optimizer was built from");
+      optimizer_params[name->second] = &p;
+    }
+  }
+  for (const auto& [key, st] : *src) {
+    const auto dot = key.rfind('.');
+    const std::string fqn = dot == std::string::npos ? "" : key.substr(0, dot);
+    const std::string field = dot == std::string::npos ? key : key.substr(dot + 1);
+    if (optimizer_params.count(fqn) == 0 || detail::known_fields().count(field) == 0) {
+      unexpected.push_back(key);
+      continue;
+    }
+    by_param[fqn][field] = &st;
+  }
+  if (options.strict() && !unexpected.empty()) {
+    TDIST_THROW(InvalidArgument, "set_optimizer_state_dict" + detail::on_rank() +
+                                     ": keys that name no state of a parameter the optimizer "
+                                     "holds: [" +
+                                     detail::join(unexpected) +
+                                     "]; keys are \"<parameter name>.<state name>\"; pass "
+                                     "strict(false) to ignore them");
+  }
+  c10::AutoGradMode no_grad(false);
+  std::vector<std::string> unused;
+  for (const auto& [fqn, fields] : by_param) {
+    const detail::Entry& e = me.entries.at(fqn);
+    std::set<std::string> create;
+    for (const auto& [field, st] : fields) create.insert(field);
+    std::set<std::string> applied;
+    for (auto& f :
+         detail::optimizer_state_fields(optimizer, *optimizer_params.at(fqn), e.local(), create)) {
+      auto it = fields.find(f.name);
+      if (it == fields.end()) continue;
+      const std::string key = fqn + "." + f.name;
+      if (f.is_step) {
+        TDIST_CHECK_ARG(it->second->local.numel() == 1,
+                        "set_optimizer_state_dict: '" + key + "' must hold one value");
+        f.set_step(it->second->local.item<int64_t>());
+      } else {
+        detail::write_value(key, f.tensor, e, *it->second, full);
+      }
+      applied.insert(f.name);
+    }
+    for (const auto& [field, st] : fields) {
+      if (applied.count(field) == 0) unused.push_back(fqn + "." + field);
+    }
+  }
+  if (options.strict() && !unused.empty()) {
+    TDIST_THROW(InvalidArgument, "set_optimizer_state_dict" + detail::on_rank() +
+                                     ": state this optimizer type does not keep: [" +
+                                     detail::join(unused) +
+                                     "] (the rest was loaded); pass strict(false) to ignore it");
+  }
+}
+
+}  // namespace tdist::fsdp

@@ -1,0 +1,248 @@
+// tdist::checkpoint's module adapters with FSDP (fully_shard) and DDP modules: a checkpoint
+// saved from FSDP at world N loads into FSDP, DDP or a plain single-process model at world M
+// with parameters and AdamW state bitwise equal to the saved full state; loading at the same
+// world resumes training bitwise. Ranks are processes; the model has uneven shapes (7 rows).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "fsdp/tiny_transformer.h"
+#include "support/ranks.h"
+#include "tdist/checkpoint/checkpoint_manager.h"
+#include "tdist/checkpoint/interchange.h"
+#include "tdist/checkpoint/module_state.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/fsdp/forward.h"
+#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/state_dict.h"
+
+namespace tdist::checkpoint {
+namespace {
+
+using fsdp::testing::TinyConfig;
+using fsdp::testing::TinyTransformer;
+
+constexpr int64_t kLocalBatch = 2;
+constexpr int kTrainSteps = 3;
+
+std::string env_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+TinyConfig config() {
+  TinyConfig c;
+  c.vocab = 7;  // tok [7,15], head [7,15]: 7 rows over 2, 3 or 4 ranks
+  c.width = 15;
+  c.heads = 3;
+  c.hidden = 21;
+  c.seq = 5;
+  return c;
+}
+
+TinyTransformer make_model(uint64_t seed) {
+  TinyTransformer m = fsdp::testing::make_tiny(config(), seed);
+  m->register_buffer("scale", torch::arange(3, torch::kFloat) + static_cast<double>(seed));
+  return m;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(TinyTransformer& m) {
+  return std::make_unique<torch::optim::AdamW>(m->parameters(),
+                                               torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+}
+
+void shard(TinyTransformer& m) {
+  for (auto& block : m->blocks) fsdp::fully_shard(block);
+  fsdp::fully_shard(m);
+}
+
+double train_step(TinyTransformer& m, torch::optim::Optimizer& opt, int step) {
+  const int world = get_world_size(), rank = get_rank();
+  auto [inputs, targets] = fsdp::testing::tiny_batch(config(), kLocalBatch * world, step);
+  opt.zero_grad();
+  auto loss =
+      fsdp::testing::lm_loss(fsdp::forward(m, inputs.narrow(0, rank * kLocalBatch, kLocalBatch)),
+                             targets.narrow(0, rank * kLocalBatch, kLocalBatch));
+  loss.backward();
+  opt.step();
+  auto global = torch::tensor({loss.item<double>()}, torch::kFloat64);
+  all_reduce(global);
+  return global.item<double>() / world;
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b);
+}
+
+/// Expects `got` (whole tensors) to equal the reference checkpoint's `prefix` tensors.
+void expect_matches_reference(const std::map<std::string, at::Tensor>& got,
+                              const std::string& prefix, const std::string& what) {
+  const TensorMap ref = read_full_tensors(env_str("CK_DIR") + "/ref", prefix);
+  ASSERT_GT(ref.size(), 0u);
+  EXPECT_EQ(got.size(), ref.size()) << what << " " << prefix;
+  for (const auto& [name, t] : ref) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << what << ": " << prefix << name << " not loaded";
+    EXPECT_TRUE(bitwise_equal(it->second, t)) << what << ": " << prefix << name;
+  }
+}
+
+std::map<std::string, at::Tensor> locals(const ShardedStateDict& state) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, st] : state) out[name] = st.local;
+  return out;
+}
+
+/// Model and optimizer full state of any (sharded or not) model vs the reference.
+void expect_state_matches_reference(const torch::nn::Module& m, torch::optim::Optimizer& opt,
+                                    const std::string& what) {
+  const auto full = fsdp::StateDictOptions().full_state_dict(true);
+  expect_matches_reference(locals(fsdp::get_model_state_dict(m, full)), kModelPrefix, what);
+  expect_matches_reference(locals(fsdp::get_optimizer_state_dict(m, opt, full)), kOptimPrefix,
+                           what);
+}
+
+// Saves an FSDP model after kTrainSteps at this world size into CK_DIR/ckpt, rank 0 the full
+// reference state into CK_DIR/ref, then trains one more step and rank 0 records its loss.
+TDIST_SCENARIO(ck_fsdp_save) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const std::string dir = env_str("CK_DIR");
+  TinyTransformer m = make_model(1234);
+  shard(m);
+  auto opt = make_adamw(m);
+  for (int s = 0; s < kTrainSteps; ++s) train_step(m, *opt, s);
+  ExtraState extra;
+  extra.step = kTrainSteps;
+  save_module(*m, opt.get(), extra, dir + "/ckpt", SaveOptions().fsync(false));
+
+  const auto r0 = fsdp::StateDictOptions().full_state_dict(true).rank0_only(true).cpu_offload(true);
+  ShardedStateDict ref;
+  for (auto& [name, st] : fsdp::get_model_state_dict(*m, r0)) ref[kModelPrefix + name] = st;
+  for (auto& [name, st] : fsdp::get_optimizer_state_dict(*m, *opt, r0)) {
+    ref[kOptimPrefix + name] = st;
+  }
+  if (get_rank() == 0) {
+    save(ref, {}, dir + "/ref",
+         SaveOptions().coordinator(std::make_shared<LocalCoordinator>()).fsync(false));
+  }
+  const double loss = train_step(m, *opt, kTrainSteps);
+  if (get_rank() == 0) std::ofstream(dir + "/loss.txt") << std::hexfloat << loss << "\n";
+  destroy_process_group();
+}
+
+// Loads CK_DIR/ckpt into a fresh FSDP model (CK_MODE=fsdp) or DDP model (ddp) at this world
+// size and compares with the reference; CK_RESUME=1: the next step's loss is the saved one.
+TDIST_SCENARIO(ck_load) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const std::string dir = env_str("CK_DIR");
+  TinyTransformer m = make_model(999);
+  std::unique_ptr<ddp::DistributedDataParallel> ddp;
+  if (env_str("CK_MODE") == "ddp") {
+    ddp = std::make_unique<ddp::DistributedDataParallel>(m);
+  } else {
+    shard(m);
+  }
+  auto opt = make_adamw(m);
+  const LoadResult r =
+      ddp ? load_module(*ddp, opt.get(), dir + "/ckpt") : load_module(*m, opt.get(), dir + "/ckpt");
+  EXPECT_EQ(r.extra.step, kTrainSteps);
+  EXPECT_TRUE(r.unexpected_keys.empty());
+  expect_state_matches_reference(*m, *opt,
+                                 env_str("CK_MODE") + " rank " + std::to_string(get_rank()));
+  if (env_str("CK_RESUME") == "1") {
+    std::ifstream in(dir + "/loss.txt");
+    std::string text;
+    in >> text;
+    const double saved = std::strtod(text.c_str(), nullptr);
+    EXPECT_EQ(train_step(m, *opt, kTrainSteps), saved) << "rank " << get_rank();
+  }
+  destroy_process_group();
+}
+
+void save_at(const std::string& dir, int world) {
+  tdist::testing::ProcessOptions options;
+  options.env = {{"CK_DIR", dir}};
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("ck_fsdp_save", world, options));
+}
+
+void load_at(const std::string& dir, int world, const std::string& mode, bool resume) {
+  SCOPED_TRACE("load " + mode + " at world " + std::to_string(world));
+  tdist::testing::ProcessOptions options;
+  options.env = {{"CK_DIR", dir}, {"CK_MODE", mode}, {"CK_RESUME", resume ? "1" : "0"}};
+  tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("ck_load", world, options));
+}
+
+/// Loads into a plain model and optimizer in this (single, uninitialised) process.
+void load_plain(const std::string& dir) {
+  SCOPED_TRACE("load plain single-process");
+  ::setenv("CK_DIR", dir.c_str(), 1);
+  TinyTransformer m = make_model(999);
+  auto opt = make_adamw(m);
+  const LoadResult r = load_module(*m, opt.get(), dir + "/ckpt");
+  EXPECT_EQ(r.extra.step, kTrainSteps);
+  expect_state_matches_reference(*m, *opt, "plain");
+  // The plain interchange view is the same full state.
+  expect_matches_reference(module_tensors(*m), kModelPrefix, "module_tensors");
+}
+
+TEST(FSDPCheckpoint, SavedAtTwoLoadsAtThreeIntoPlainAndResumesAtTwo) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-fsdp");
+  save_at(dir, 2);
+  load_at(dir, 3, "fsdp", false);
+  load_plain(dir);
+  load_at(dir, 2, "fsdp", true);
+}
+
+TEST(FSDPCheckpoint, SavedAtThreeLoadsIntoDDPAtTwoAndFSDPAtFour) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-fsdp");
+  save_at(dir, 3);
+  load_at(dir, 2, "ddp", false);
+  load_at(dir, 4, "fsdp", false);
+  load_at(dir, 3, "fsdp", true);
+}
+
+TEST(FSDPCheckpoint, SavedAtFourLoadsAtOne) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-fsdp");
+  save_at(dir, 4);
+  load_at(dir, 1, "fsdp", false);
+  load_plain(dir);
+}
+
+// The CheckpointManager forms of the module adapter (single process, plain model).
+TEST(FSDPCheckpoint, ManagerSavesAndLoadsLatestModule) {
+  const std::string root = tdist::testing::make_temp_dir("ckpt-manager");
+  CheckpointManager manager(
+      root, CheckpointManagerOptions().keep_last(2).save_options(SaveOptions().fsync(false)));
+  TinyTransformer m = make_model(1234);
+  auto opt = make_adamw(m);
+  auto step = [&](TinyTransformer& model, torch::optim::Optimizer& o, int s) {
+    auto [x, y] = fsdp::testing::tiny_batch(config(), kLocalBatch, s);
+    o.zero_grad();
+    fsdp::testing::lm_loss(model->forward(x), y).backward();
+    o.step();
+  };
+  for (int s = 0; s < 3; ++s) {
+    step(m, *opt, s);
+    ExtraState extra;
+    extra.step = s;
+    save_module(manager, s, *m, opt.get(), extra);
+  }
+  EXPECT_EQ(manager.list().size(), 2u);
+  TinyTransformer fresh = make_model(999);
+  auto fresh_opt = make_adamw(fresh);
+  auto r = load_latest_module(manager, *fresh, fresh_opt.get());
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->extra.step, 2);
+  step(m, *opt, 3);
+  step(fresh, *fresh_opt, 3);
+  const TensorMap a = module_tensors(*m), b = module_tensors(*fresh);
+  for (const auto& [name, t] : a) EXPECT_TRUE(bitwise_equal(t, b.at(name))) << name;
+}
+
+}  // namespace
+}  // namespace tdist::checkpoint
