@@ -221,10 +221,24 @@ void write_result(const Result& r, const char* path) {
       << r.psi << "\n";
 }
 
+// Fields may be "nan" (e.g. a DDP rank has no FSDP hook time), which operator>> rejects.
 bool read_result(const std::string& path, Result& r) {
   std::ifstream in(path);
-  return static_cast<bool>(in >> r.step_ms >> r.final_loss >> r.state_bytes >> r.peak_rss_mb >>
-                           r.hook_us_per_module_step >> r.wait_ms_per_step >> r.psi);
+  double* fields[] = {&r.step_ms,
+                      &r.final_loss,
+                      &r.state_bytes,
+                      &r.peak_rss_mb,
+                      &r.hook_us_per_module_step,
+                      &r.wait_ms_per_step,
+                      &r.psi};
+  for (double* field : fields) {
+    std::string token;
+    if (!(in >> token)) return false;
+    char* end = nullptr;
+    *field = std::strtod(token.c_str(), &end);
+    if (end == token.c_str() || *end != '\0') return false;
+  }
+  return true;
 }
 
 int free_port() {
