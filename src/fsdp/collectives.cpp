@@ -112,6 +112,25 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   return result;
 }
 
+at::Tensor all_gather_whole(const at::Tensor& local, const ShardedParam& param,
+                            const ProcessGroupPtr& group) {
+  const ShardLayout& pl = param.layout();
+  const at::TensorOptions options = local.options().device(param.unsharded_options().device());
+  if (pl.numel() == 0) return at::empty(pl.shape, options);  // same layout on every rank
+  at::Tensor padded = at::zeros({pl.shard_rows, pl.row_numel}, options);
+  if (pl.local_rows > 0) {
+    padded.narrow(0, 0, pl.local_rows).copy_(local.detach().reshape({pl.local_rows, pl.row_numel}));
+  }
+  at::Tensor full = at::empty({pl.padded_rows(), pl.row_numel}, options);
+  if (group->size() == 1) {
+    full.copy_(padded);
+  } else {
+    WorkPtr work = all_gather_into_tensor(full, padded, group, /*async_op=*/true);
+    work->wait(group->timeout().count() > 0 ? group->timeout() : kDefaultPgTimeout);
+  }
+  return full.narrow(0, 0, pl.dim0).view(pl.shape);
+}
+
 at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,
                               int64_t offset) {
   const ShardLayout& pl = param.layout();

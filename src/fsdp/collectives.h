@@ -68,6 +68,12 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype);
 
+/// All-gathers a tensor sliced like `param` (`local`: this rank's unpadded rows, in any
+/// dtype) into the whole tensor, synchronously, over `group`, on the compute device. Returns
+/// [dim0, ...] viewing a padded buffer (summon_full_params and full state dicts).
+at::Tensor all_gather_whole(const at::Tensor& local, const ShardedParam& param,
+                            const ProcessGroupPtr& group);
+
 /// The reduced, averaged shard gradient of param i ([local_rows, ...]) from a completed
 /// reduce-scatter: a view into result.output.
 at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,

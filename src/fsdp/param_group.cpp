@@ -210,26 +210,12 @@ void ParamGroup::summon(bool with_grads) {
   summoned_grads_.assign(raw_.size(), at::Tensor());
   for (size_t i = 0; i < raw_.size(); ++i) {
     ShardedParam& p = *raw_[i];
-    const ShardLayout& pl = p.layout();
-    const at::TensorOptions options = p.unsharded_options().dtype(p.shard_options().dtype());
-    auto gather = [&](const at::Tensor& local_rows) {
-      at::Tensor padded = at::zeros(pl.padded_shard_shape(), options);
-      if (pl.local_rows > 0) padded.narrow(0, 0, pl.local_rows).copy_(local_rows);
-      at::Tensor full = at::empty(pl.padded_unsharded_shape(), options);
-      if (group_->size() == 1) {
-        full.copy_(padded);
-      } else {
-        WorkPtr work = all_gather_into_tensor(full.view({-1}), padded.view({-1}), group_,
-                                              /*async_op=*/true);
-        wait_work(work, group_, stats_);
-      }
-      return full.narrow(0, 0, pl.dim0).view(pl.shape);
-    };
     at::NoGradGuard no_grad;
-    at::Tensor full = gather(p.local_shard());
+    at::Tensor full = all_gather_whole(p.local_shard(), p, group_);
     if (with_grads) {
       at::Tensor grad = p.param().grad();
-      at::Tensor full_grad = gather(grad.defined() ? grad : at::zeros_like(p.local_shard()));
+      at::Tensor full_grad =
+          all_gather_whole(grad.defined() ? grad : at::zeros_like(p.local_shard()), p, group_);
       summoned_grads_[i] = grad;
       p.param().mutable_grad() = grad.defined() ? full_grad : at::Tensor();
     }

@@ -23,6 +23,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/optim.h>
 
+#include "fsdp/collectives.h"
 #include "fsdp/fsdp_state.h"
 #include "fsdp/param_group.h"
 #include "fsdp/registry.h"
@@ -268,22 +269,11 @@ std::optional<ShardedTensor> slice_of(const at::Tensor& local, const ShardLayout
   return ShardedTensor{local, layout.shape, offsets};
 }
 
-/// All-gathers a tensor sliced like `sp` (its local data `local`) into the whole tensor, over
-/// the shard group, on the compute device.
+/// The whole tensor sliced like `sp`, gathered over the shard group, padding bytes dropped.
 at::Tensor gather_full(const at::Tensor& local, const ShardedParam& sp, ParamGroup* group) {
   const ShardLayout& l = sp.layout();
-  const auto options = local.options().device(sp.unsharded_options().device());
-  if (l.world == 1 || l.numel() == 0) {
-    return local.detach().to(options, /*non_blocking=*/false, /*copy=*/true).reshape(l.shape);
-  }
-  at::Tensor input = at::zeros({l.shard_rows, l.row_numel}, options);
-  if (l.local_rows > 0) {
-    input.narrow(0, 0, l.local_rows).copy_(local.detach().reshape({l.local_rows, l.row_numel}));
-  }
-  at::Tensor output = at::empty({l.padded_rows(), l.row_numel}, options);
-  all_gather_into_tensor(output, input, group->shard_group());
-  at::Tensor full = output.narrow(0, 0, l.dim0).reshape(l.shape);
-  return l.padded_rows() == l.dim0 ? full : full.clone();  // drop the padding's bytes
+  at::Tensor full = all_gather_whole(local, sp, group->shard_group());
+  return l.padded_rows() == l.dim0 ? full : full.clone();
 }
 
 /// A full-state-dict value: a copy, on the CPU with cpu_offload.
