@@ -4,6 +4,8 @@
 // still raise on every rank.
 
 #include "comm_gloo/gloo_test_util.h"
+#include "support/ranks.h"
+#include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 
 namespace tdist::testing {
@@ -80,6 +82,10 @@ TEST_P(GlooShm, GrowingSizesBackToBackAndInterleavedWithTcpOps) {
           EXPECT_TRUE(torch::all(ts[i] == want).item<bool>())
               << "all_reduce " << i << " of " << sizes[i] << " got " << ts[i][0].item<float>();
         }
+        // A non-contiguous float32 all_reduce goes through a working copy.
+        at::Tensor strided = torch::full({4, 3}, float(rank + 1)).t();
+        b.all_reduce(strided, {})->wait();
+        EXPECT_TRUE(torch::all(strided == n * (n + 1) / 2.0f).item<bool>());
         // Non-contiguous and bf16 outputs of all_gather through the staging copies.
         at::Tensor in = torch::full({2, 3}, float(rank)).to(torch::kBFloat16).t();
         at::Tensor out = torch::empty({3 * n, 2}, torch::kBFloat16);
@@ -119,13 +125,38 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GlooShm,
                                   (std::get<1>(info.param) ? "_shm" : "_tcp");
                          });
 
+// Each rank's only collective grows its segment, then the process exits at once: a fast rank
+// must not take the new segment away from a slow peer that has yet to map it.
+TDIST_SCENARIO(shm_exit_after_growing_collective) {
+  tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
+  const int n = tdist::get_world_size();
+  at::Tensor t = torch::full({int64_t(3) << 20}, float(tdist::get_rank() + 1));
+  tdist::all_reduce(t);
+  EXPECT_TRUE(torch::all(t == n * (n + 1) / 2.0f).item<bool>());
+  at::Tensor all = torch::empty({n * (int64_t(1) << 20)});
+  tdist::all_gather_into_tensor(all, t.narrow(0, 0, int64_t(1) << 20));
+  tdist::destroy_process_group();
+}
+
+TEST(GlooShmProcesses, ExitRightAfterAGrowingCollective) {
+  for (int world : {2, 3, 4}) {
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("world " + std::to_string(world) + " round " + std::to_string(round));
+      ProcessOptions options;
+      options.env["TDIST_GLOO_SHM"] = "1";
+      options.timeout = std::chrono::seconds(60);
+      expect_all_ok(run_ranks_as_processes("shm_exit_after_growing_collective", world, options));
+    }
+  }
+}
+
 TEST(GlooShmOptions, EnvironmentTurnsItOff) {
   ::setenv("TDIST_GLOO_SHM", "0", 1);
   EXPECT_FALSE(gloo_options_from_env().shared_memory());
   ::setenv("TDIST_GLOO_SHM", "yes", 1);
   EXPECT_THROW(gloo_options_from_env(), InvalidArgument);
   ::unsetenv("TDIST_GLOO_SHM");
-  EXPECT_FALSE(gloo_options_from_env().shared_memory());  // experimental: opt-in
+  EXPECT_TRUE(gloo_options_from_env().shared_memory());  // on by default
   ::setenv("TDIST_GLOO_SHM", "1", 1);
   EXPECT_TRUE(gloo_options_from_env().shared_memory());
   ::unsetenv("TDIST_GLOO_SHM");

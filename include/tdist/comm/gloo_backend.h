@@ -44,12 +44,11 @@ struct GlooBackendOptions {
   TDIST_ARG(int, channels) = 2;
   /// Bytes per pipelined segment of the large-message algorithms.
   TDIST_ARG(size_t, segment_bytes) = size_t(1) << 20;
-  /// When every rank of the group is on this host, all_reduce, all_gather_into_tensor and
-  /// reduce_scatter_tensor move their data through shared memory (only headers go over
-  /// TCP). Experimental, off by default (TDIST_GLOO_SHM=1 turns it on): segments are
-  /// unlinked at teardown without a "done reading" exchange, so a slow peer can still race
-  /// a fast one's exit, and it is not yet measured to beat TCP on an idle machine.
-  TDIST_ARG(bool, shared_memory) = false;
+  /// When every rank of the group is on this host (probed at connect), all_reduce,
+  /// all_gather_into_tensor and reduce_scatter_tensor move their data through POSIX shared
+  /// memory; only headers and notifications go over TCP, so checks, timeouts and dead-peer
+  /// detection are the TCP path's. On by default; TDIST_GLOO_SHM=0 turns it off.
+  TDIST_ARG(bool, shared_memory) = true;
 };
 
 class GlooBackend : public CollectiveBackend {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/gloo/reduce_kernels.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {
@@ -60,6 +61,7 @@ at::ScalarType accumulation_dtype(at::ScalarType dtype) {
 }
 
 ReduceFn make_reduce_fn(ReduceOp op, at::ScalarType dtype) {
+  if (RawReduceFn raw = raw_reduce_fn(op, dtype)) return raw;
   const bool is_bool = dtype == at::kBool;
   using Out = void (*)(at::Tensor&, const at::Tensor&, const at::Tensor&);
   Out out = nullptr;
@@ -118,6 +120,7 @@ ReduceFn make_reduce_fn(ReduceOp op, at::ScalarType dtype) {
 
 void finish_average(ReduceOp op, void* ptr, size_t numel, at::ScalarType dtype, int world_size) {
   if (op != ReduceOp::AVG || numel == 0 || world_size == 1) return;
+  if (raw_divide(ptr, numel, dtype, world_size)) return;
   at::Tensor t = view(ptr, numel, dtype);
   if (is_floating(dtype)) {
     t.div_(world_size);

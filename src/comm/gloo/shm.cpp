@@ -121,9 +121,10 @@ ShmArena::ShmArena(int rank, int size)
 
 namespace {
 
-// Names whose owner was destroyed before every peer had provably mapped them (a peer may
-// still be about to, for the last collective): unlinked by the next arena of this process
-// and at exit, when that window has long passed.
+// Names whose owner was destroyed before every peer had provably mapped them: unlinked by the
+// next arena this process connects (by then every peer is long past them), and otherwise by
+// remove_stale_segments of any later job once this process has exited. Unlinking them at exit
+// would race a slow peer that is about to map them.
 std::mutex graveyard_mutex;
 std::vector<std::string>& graveyard() {
   static auto* names = new std::vector<std::string>();
@@ -135,8 +136,6 @@ void empty_graveyard() {
   graveyard().clear();
 }
 void bury(std::string name) {
-  static const bool registered = [] { return std::atexit(empty_graveyard) == 0; }();
-  (void)registered;
   std::lock_guard<std::mutex> lock(graveyard_mutex);
   graveyard().push_back(std::move(name));
 }

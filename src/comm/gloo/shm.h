@@ -11,9 +11,10 @@
 // still raises DistBackendError on every rank instead of aborting.
 //
 // Each collective copies this rank's input into its own segment, announces it in the header
-// handshake, then reads the peers' segments directly: all_gather copies every rank's block,
-// reduce_scatter reduces its block from every segment, and all_reduce (up to 4 ranks) has
-// every rank reduce the whole buffer in rank order, so each takes a single synchronisation.
+// handshake, then reads the peers' segments directly: all_gather copies every rank's block and
+// reduce_scatter reduces its block from every segment (one synchronisation each); all_reduce
+// is a reduce-scatter then an all-gather through the segments (one more notification), see
+// shm_all_reduce.
 //
 // Each rank owns one segment split in two halves; shared-memory collective number m uses half
 // m % 2. A rank writes half m % 2 only at the start of collective m; peers read it during
@@ -21,8 +22,10 @@
 // received before starting m) proves they are past m - 2. A segment that is too small is
 // replaced by a larger one (a new generation with a new name); peers map the new name when
 // the header announces it. Names are unlinked once every peer has provably mapped them (its
-// header of the next collective), and on destruction. Names carry the creator's pid: segments
-// a killed process left in /dev/shm are removed by the next arena that connects.
+// header of the next collective). A name announced in the last collective before an arena is
+// destroyed may not be mapped by every peer yet (a peer can still be on its way to it while
+// this rank returns and exits), so it is left in /dev/shm: names carry the creator's pid, and
+// the next arena that connects on this host removes segments of processes that have exited.
 
 #include <chrono>
 #include <cstddef>

@@ -1,0 +1,30 @@
+#pragma once
+
+// Plain loops for the reductions that carry almost all traffic (SUM/AVG/PRODUCT on float32,
+// float64, int32 and int64). See Note [Raw reduce kernels].
+//
+// Note [Raw reduce kernels]: ATen's add_out on a from_blob view costs a dispatch per call and,
+// on the engine's worker thread, starts its own OpenMP team: with several ranks per core that
+// oversubscribes the machine exactly while the ranks wait on each other. These loops run on
+// the calling thread only and are compiled with -O3 (vectorised, see src/CMakeLists.txt).
+// MIN/MAX stay in ATen, whose NaN propagation the loops would not reproduce.
+
+#include <cstddef>
+
+#include <c10/core/ScalarType.h>
+
+#include "tdist/comm/types.h"
+
+namespace tdist::detail {
+
+/// dst = a (op) b over n elements; dst may alias a or b.
+using RawReduceFn = void (*)(void* dst, const void* a, const void* b, size_t n);
+
+/// The loop for (op, dtype), or nullptr when ATen must do it.
+RawReduceFn raw_reduce_fn(ReduceOp op, c10::ScalarType dtype);
+
+/// Divides n floating-point elements by `divisor` in place; false (nothing done) for other
+/// dtypes.
+bool raw_divide(void* ptr, size_t n, c10::ScalarType dtype, int divisor);
+
+}  // namespace tdist::detail
