@@ -47,6 +47,26 @@ inline void check_root(int root, int size, const std::string& op, int rank) {
                                                 std::to_string(size) + ")");
 }
 
+/// A per-rank tensor list (all_gather's and gather's outputs, scatter's inputs) against the
+/// single tensor on the other side: one per rank, each valid, of the same dtype and element
+/// count. `list` names the list's elements ("output"/"input"), `single` the other tensor;
+/// `who` prefixes the count message ("the root " where only the root passes a list).
+inline void check_per_rank_list(const std::vector<at::Tensor>& tensors, const at::Tensor& other,
+                                const std::string& op, int rank, int size, const std::string& list,
+                                const std::string& single, const std::string& who = "") {
+  TDIST_CHECK_ARG(static_cast<int>(tensors.size()) == size,
+                  rank_prefix(rank, op) + who + "needs one " + list + " per rank (" +
+                      std::to_string(size) + "), got " + std::to_string(tensors.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string name = list + "s[" + std::to_string(i) + "]";
+    check_tensor(tensors[i], op, rank, name);
+    check_same_dtype(tensors[i], other, op, rank, name + " and " + single);
+    TDIST_CHECK_ARG(tensors[i].numel() == other.numel(),
+                    rank_prefix(rank, op) + name + " has " + std::to_string(tensors[i].numel()) +
+                        " elements but " + single + " has " + std::to_string(other.numel()));
+  }
+}
+
 /// Contiguous tensor of dtype `dtype` with t's values; t itself when it already is one.
 inline at::Tensor staged(const at::Tensor& t, at::ScalarType dtype) {
   if (t.is_contiguous() && t.scalar_type() == dtype) return t;

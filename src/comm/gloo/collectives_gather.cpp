@@ -72,17 +72,7 @@ WorkPtr GlooBackend::all_gather(std::vector<at::Tensor>& outputs, const at::Tens
                                 const AllgatherOptions& opts) {
   const std::string op = "all_gather";
   check_tensor(input, op, rank_, "input");
-  TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
-                  rank_prefix(rank_, op) + "needs one output per rank (" + std::to_string(size_) +
-                      "), got " + std::to_string(outputs.size()));
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const std::string name = "outputs[" + std::to_string(i) + "]";
-    check_tensor(outputs[i], op, rank_, name);
-    check_same_dtype(input, outputs[i], op, rank_, "input and " + name);
-    TDIST_CHECK_ARG(outputs[i].numel() == input.numel(),
-                    rank_prefix(rank_, op) + name + " has " + std::to_string(outputs[i].numel()) +
-                        " elements but input has " + std::to_string(input.numel()));
-  }
+  check_per_rank_list(outputs, input, op, rank_, size_, "output", "input");
   auto timeout = effective_timeout(opts);
   return enqueue(Lane::kCollective, op, outputs,
                  [this, op, outs = outputs, in = input, timeout]() mutable {
@@ -107,17 +97,7 @@ WorkPtr GlooBackend::gather(std::vector<at::Tensor>& outputs, const at::Tensor& 
   check_root(opts.root, size_, op, rank_);
   const bool is_root = rank_ == opts.root;
   if (is_root) {
-    TDIST_CHECK_ARG(static_cast<int>(outputs.size()) == size_,
-                    rank_prefix(rank_, op) + "the root needs one output per rank (" +
-                        std::to_string(size_) + "), got " + std::to_string(outputs.size()));
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      const std::string name = "outputs[" + std::to_string(i) + "]";
-      check_tensor(outputs[i], op, rank_, name);
-      check_same_dtype(input, outputs[i], op, rank_, "input and " + name);
-      TDIST_CHECK_ARG(outputs[i].numel() == input.numel(),
-                      rank_prefix(rank_, op) + name + " has " + std::to_string(outputs[i].numel()) +
-                          " elements but input has " + std::to_string(input.numel()));
-    }
+    check_per_rank_list(outputs, input, op, rank_, size_, "output", "input", "the root ");
   } else {
     TDIST_CHECK_ARG(outputs.empty(), rank_prefix(rank_, op) +
                                          "outputs must be empty on non-root ranks (root is " +
@@ -162,17 +142,7 @@ WorkPtr GlooBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& 
   check_root(opts.root, size_, op, rank_);
   const bool is_root = rank_ == opts.root;
   if (is_root) {
-    TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_,
-                    rank_prefix(rank_, op) + "the root needs one input per rank (" +
-                        std::to_string(size_) + "), got " + std::to_string(inputs.size()));
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const std::string name = "inputs[" + std::to_string(i) + "]";
-      check_tensor(inputs[i], op, rank_, name);
-      check_same_dtype(inputs[i], output, op, rank_, name + " and output");
-      TDIST_CHECK_ARG(inputs[i].numel() == output.numel(),
-                      rank_prefix(rank_, op) + name + " has " + std::to_string(inputs[i].numel()) +
-                          " elements but output has " + std::to_string(output.numel()));
-    }
+    check_per_rank_list(inputs, output, op, rank_, size_, "input", "output", "the root ");
   } else {
     TDIST_CHECK_ARG(inputs.empty(), rank_prefix(rank_, op) +
                                         "inputs must be empty on non-root ranks (root is " +

@@ -205,17 +205,7 @@ WorkPtr GlooBackend::reduce_scatter(at::Tensor& output, const std::vector<at::Te
   const std::string op = "reduce_scatter";
   check_tensor(output, op, rank_, "output");
   check_reduce_op(opts.op, output.scalar_type(), op, rank_);
-  TDIST_CHECK_ARG(static_cast<int>(inputs.size()) == size_,
-                  rank_prefix(rank_, op) + "needs one input per rank (" + std::to_string(size_) +
-                      "), got " + std::to_string(inputs.size()));
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = "inputs[" + std::to_string(i) + "]";
-    check_tensor(inputs[i], op, rank_, name);
-    check_same_dtype(inputs[i], output, op, rank_, name + " and output");
-    TDIST_CHECK_ARG(inputs[i].numel() == output.numel(),
-                    rank_prefix(rank_, op) + name + " has " + std::to_string(inputs[i].numel()) +
-                        " elements but output has " + std::to_string(output.numel()));
-  }
+  check_per_rank_list(inputs, output, op, rank_, size_, "input", "output");
   auto timeout = effective_timeout(opts);
   return enqueue(Lane::kCollective, op, {output},
                  [this, op, out = output, ins = inputs, rop = opts.op, timeout]() mutable {
