@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "mpirun_launch.h"
 #include "process_util.h"
 
 extern char** environ;
@@ -160,8 +161,28 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
                                               const std::string& program) {
   auto& signals = detail::SignalPipe::instance();
   auto force = [&] { return signals.drain() != 0; };
-  WorkerGroup group(program, config_.args);
-  group.start(worker_specs(info));
+  // --launcher mpirun: the group is one mpirun that starts the workers (Note [Workers
+  // through mpirun] in mpirun_launch.h); its attempt directory holds their specs.
+  std::string mpirun_dir;
+  std::unique_ptr<WorkerGroup> workers;
+  if (config_.launcher == "mpirun") {
+    mpirun_dir = run_dir() + "/mpirun_attempt_" + std::to_string(info.round);
+    auto plan =
+        detail::plan_mpirun(config_, worker_specs(info), program, mpirun_dir, worker_env(info, 0));
+    workers = std::make_unique<WorkerGroup>(plan.program, plan.args);
+    workers->start({plan.spec});
+  } else {
+    workers = std::make_unique<WorkerGroup>(program, config_.args);
+    workers->start(worker_specs(info));
+  }
+  WorkerGroup& group = *workers;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } remove_mpirun_dir{mpirun_dir};
   bool reported_success = false;
   auto last_check = Clock::now();
   while (true) {
@@ -181,7 +202,20 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
       // Collect the last words of the failed worker before it is summarised.
       auto until = Clock::now() + milliseconds(100);
       while (Clock::now() < until) group.pump(milliseconds(10));
-      std::string summary = describe_failure(info, *group.first_failure());
+      std::string summary;
+      if (mpirun_dir.empty()) {
+        summary = describe_failure(info, *group.first_failure());
+      } else if (auto recorded = detail::first_recorded_failure(mpirun_dir)) {
+        summary = describe_failure(info, *recorded);
+      } else {
+        // mpirun failed before any worker did (bad arguments, a worker it could not start).
+        WorkerStatus failed = *group.first_failure();
+        summary = "first failure: mpirun (pid " + std::to_string(failed.pid) + ", node " +
+                  std::to_string(info.group_rank) + ", host " + detail::host_name() + ", attempt " +
+                  std::to_string(info.round) + ") " + failed.describe();
+        if (!failed.tail.empty()) summary += "; its last output lines:";
+        for (const auto& line : failed.tail) summary += "\n  [mpirun]: " + line;
+      }
       try {
         rendezvous_.report_failure(info.round, summary);
       } catch (const std::exception& e) {

@@ -85,6 +85,10 @@ SIGKILL after --stop-timeout) and restarts the whole job on every node, up to
   tdistrun --standalone --nproc-per-node 4 ./train --epochs 3
   tdistrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 ./train
   tdistrun --nnodes 1:4 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 ./train
+With --launcher mpirun the workers of the node are started by one
+`mpirun -n NPROC --oversubscribe --bind-to none` child instead (same environment, output,
+logs, failure summary and restarts), so init_process_group("mpi") works:
+  tdistrun --standalone --nproc-per-node 2 --launcher mpirun ./train --backend mpi
 See docs/launcher.md.)";
 
 }  // namespace
@@ -208,6 +212,17 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
   app.add_flag("-m,--module", module, "Not supported: tdistrun runs executables");
   app.add_flag("--no-store-secret", no_secret,
                "Do not create TDIST_STORE_SECRET_FILE for the workers");
+  std::string mpirun_args;
+  app.add_option("--launcher", c.launcher,
+                 "fork: one process per worker; mpirun: start this node's workers through "
+                 "one `mpirun -n NPROC` so they form one MPI world (init_process_group(\"mpi\"); "
+                 "single node only)")
+      ->capture_default_str();
+  app.add_option("--mpirun", c.mpirun, "--launcher mpirun: the mpirun program to run")
+      ->capture_default_str();
+  app.add_option("--mpirun-args", mpirun_args,
+                 "--launcher mpirun: extra mpirun arguments, space-separated (e.g. "
+                 "\"--mca btl self,vader\")");
 
   ParsedArgs result;
   try {
@@ -257,6 +272,13 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
       }
     }
     c.store_secret = !no_secret;
+    TDIST_CHECK_ARG(c.launcher == "fork" || c.launcher == "mpirun",
+                    "tdistrun: --launcher must be fork or mpirun, got '" + c.launcher + "'");
+    for (const auto& a : split(mpirun_args, ' ')) {
+      if (!a.empty()) c.mpirun_args.push_back(a);
+    }
+    TDIST_CHECK_ARG(c.mpirun_args.empty() || c.launcher == "mpirun",
+                    "tdistrun: --mpirun-args needs --launcher mpirun");
 
     for (const auto& item : split(rdzv_conf, ',')) {
       if (item.empty()) continue;
@@ -309,6 +331,10 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
       if (rdzv_endpoint.empty()) rdzv_endpoint = c.master_addr;
       parse_endpoint(rdzv_endpoint, 29400, &c.rdzv_host, &c.rdzv_port);
     }
+    TDIST_CHECK_ARG(c.launcher != "mpirun" || c.max_nodes == 1,
+                    "tdistrun: --launcher mpirun runs a single node (--nnodes 1); for several "
+                    "nodes start the job with mpirun itself (mpirun -n TOTAL --host ... "
+                    "PROGRAM: rank and world size then come from MPI)");
     if (c.max_nodes > 1) {
       TDIST_CHECK_ARG(c.rdzv_port > 0,
                       "tdistrun: a multi-node job needs a fixed rendezvous "

@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "mpirun_launch.h"
 #include "process_util.h"
 #include "tdist/launch/elastic_agent.h"
 #include "tdist/store/tcp_store.h"
@@ -59,6 +60,9 @@ std::unique_ptr<Rendezvous> make_rendezvous(const LaunchConfig& config) {
 }
 
 int launcher_main(int argc, const char* const* argv) {
+  if (argc >= 2 && std::string(argv[1]) == detail::kMpiWorkerShimFlag) {
+    return detail::mpi_worker_shim_main(argc - 2, argv + 2);
+  }
   ParsedArgs parsed = parse_launch_args(argc, argv);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::flush;

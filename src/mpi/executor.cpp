@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <cstdlib>
+#include <memory>
 
 #include "tdist/error.h"
 
@@ -22,11 +23,20 @@ Executor& Executor::instance() {
 }
 
 Executor::Executor() {
-  std::mutex init_mutex;
-  std::condition_variable init_cv;
-  bool ready = false;
-  std::exception_ptr init_error;
-  thread_ = std::thread([&] {
+  // Note [Executor start-up]: the start-up handshake lives on the heap, shared by both
+  // threads. It used to be locals of this constructor captured by reference, and the
+  // thread read the error slot after notifying: once the constructor had returned, that
+  // read hit a dead stack frame, and a non-null garbage "error" made the thread exit
+  // without running loop(), so the first MPI op hung forever (bench_collectives --mpi).
+  struct Startup {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool ready = false;
+    std::exception_ptr error;
+  };
+  auto startup = std::make_shared<Startup>();
+  thread_ = std::thread([this, startup] {
+    std::exception_ptr error;
     try {
       int initialized = 0;
       MPI_Initialized(&initialized);
@@ -40,20 +50,25 @@ Executor::Executor() {
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
       MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
     } catch (...) {
-      init_error = std::current_exception();
+      error = std::current_exception();
     }
     {
-      std::lock_guard<std::mutex> lock(init_mutex);
-      ready = true;
+      std::lock_guard<std::mutex> lock(startup->mutex);
+      startup->error = error;
+      startup->ready = true;
+      startup->cv.notify_all();
     }
-    init_cv.notify_all();
-    if (!init_error) loop();
+    if (!error) loop();
   });
-  std::unique_lock<std::mutex> lock(init_mutex);
-  init_cv.wait(lock, [&] { return ready; });
-  if (init_error) {
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(startup->mutex);
+    startup->cv.wait(lock, [&] { return startup->ready; });
+    error = startup->error;
+  }
+  if (error) {
     thread_.join();
-    std::rethrow_exception(init_error);
+    std::rethrow_exception(error);
   }
   std::atexit([] { Executor::instance().shutdown(); });
 }
@@ -111,7 +126,14 @@ void Executor::poll_pending() {
         done = flag != 0;
       }
       if (done) {
+        last_progress_ = now;
         if (p.op.on_complete) p.op.on_complete();
+        if (p.op.next) {
+          auto next = std::move(p.op.next);
+          p.op = next();  // the next stage: keep polling the op
+          ++it;
+          continue;
+        }
         p.task.work->finish();
       } else if (now > p.task.deadline) {
         const std::string reason = p.task.description +
@@ -143,12 +165,24 @@ void Executor::loop() {
       if (stop_ && queue_.empty() && (pending_.empty() || Clock::now() > stop_deadline_)) break;
       tasks.swap(queue_);
     }
+    if (!tasks.empty()) last_progress_ = Clock::now();
     for (auto& task : tasks) start_task(std::move(task));
     poll_pending();
     if (!pending_.empty()) {
-      // Sleep a little between polls, but wake at once for newly queued work.
+      // Note [Executor polling]: MPI moves large messages by rendezvous (request, copy,
+      // acknowledgement), and each step waits for the peer's executor to poll. A timed sleep
+      // per poll costs ~70 us (timer slack) per step, which dominated ops of up to a few
+      // MiB. So while ops progress, poll back to back, yielding the core to anything else
+      // runnable; only after kSpin without progress sleep between polls.
+      constexpr auto kSpin = std::chrono::milliseconds(2);
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, std::chrono::microseconds(20), [&] { return !queue_.empty(); });
+      if (!queue_.empty()) continue;
+      if (Clock::now() - last_progress_ < kSpin) {
+        lock.unlock();
+        std::this_thread::yield();
+      } else {
+        cv_.wait_for(lock, std::chrono::microseconds(50), [&] { return !queue_.empty(); });
+      }
     }
   }
   int finalized = 0;

@@ -19,10 +19,13 @@
 namespace tdist::mpi::detail {
 
 /// What starting an op produced: the requests to wait for, and what to do once they are
-/// all complete (copy results back, divide for AVG, ...). Both run on the executor thread.
+/// all complete (copy results back, divide for AVG, ...). All run on the executor thread.
 struct StartedOp {
   std::vector<MPI_Request> requests;
   std::function<void()> on_complete;
+  /// A further stage, started (on the executor thread) after on_complete; the op's Work
+  /// completes with its last stage (see Note [Direct collectives]).
+  std::function<StartedOp()> next;
 };
 
 class Executor {
@@ -71,6 +74,7 @@ class Executor {
   std::list<Pending> abandoned_;
   bool stop_ = false;
   Clock::time_point stop_deadline_;
+  Clock::time_point last_progress_;  // an op started, advanced a stage or completed
   int world_rank_ = -1;
   int world_size_ = -1;
   std::thread thread_;

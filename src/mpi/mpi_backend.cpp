@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "direct_collectives.h"
 #include "executor.h"
 #include "mpi_types.h"
 #include "tdist/error.h"
@@ -15,6 +16,15 @@ namespace tdist::mpi {
 namespace detail {
 struct Communicator {
   MPI_Comm comm = MPI_COMM_NULL;
+  // A duplicate for the direct collectives' point-to-point messages (Note [Direct
+  // collectives]), so they never match the user's send/recv on `comm`.
+  MPI_Comm p2p = MPI_COMM_NULL;
+  std::shared_ptr<ScratchPool> pool = std::make_shared<ScratchPool>();
+  std::shared_ptr<uint32_t> sequence = std::make_shared<uint32_t>(0);
+
+  DirectComm direct(int rank, int size) const {
+    return DirectComm{p2p, rank, size, pool, sequence};
+  }
 };
 }  // namespace detail
 
@@ -82,6 +92,8 @@ MPIBackend::MPIBackend(const StorePtr& store, int rank, int size, std::chrono::m
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
+    check_mpi(MPI_Comm_dup(comm_->comm, &comm_->p2p), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_->p2p, MPI_ERRORS_RETURN);
     int comm_rank = -1;
     MPI_Comm_rank(comm_->comm, &comm_rank);
     if (comm_rank != rank) {
@@ -93,12 +105,14 @@ MPIBackend::MPIBackend(const StorePtr& store, int rank, int size, std::chrono::m
 
 MPIBackend::~MPIBackend() {
   if (comm_ && comm_->comm != MPI_COMM_NULL) {
-    MPI_Comm comm = comm_->comm;
+    MPI_Comm comm = comm_->comm, p2p = comm_->p2p;
     try {
-      Executor::instance().run_sync([comm]() mutable {
+      Executor::instance().run_sync([comm, p2p]() mutable {
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (!finalized) MPI_Comm_free(&comm);
+        if (finalized) return;
+        if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
+        MPI_Comm_free(&comm);
       });
     } catch (...) {
       // Destructors never throw; a failed free only leaks a communicator.
@@ -152,6 +166,17 @@ WorkPtr MPIBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts)
   MPI_Comm comm = comm_->comm;
   const bool average = opts.op == ReduceOp::AVG;
   const int n = size_;
+  if (detail::use_direct(n, staged.buffer.nbytes(), staged.buffer.scalar_type(), true, opts.op)) {
+    auto direct = comm_->direct(rank_, size_);
+    const ReduceOp reduce_op = opts.op;
+    return submit(this, "all_reduce", {tensor}, deadline_for(opts), [=] {
+      return detail::direct_all_reduce(direct, staged.buffer, reduce_op, detail::take_tag(direct),
+                                       [staged, average, n] {
+                                         if (average) staged.buffer.div_(n);
+                                         staged.copy_back();
+                                       });
+    });
+  }
   return submit(this, "all_reduce", {tensor}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
@@ -235,6 +260,14 @@ WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor&
   checked_count(out.buffer.numel(), "all_gather_into_tensor");
   MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
   MPI_Comm comm = comm_->comm;
+  if (detail::use_direct(size_, out.buffer.nbytes(), out.buffer.scalar_type(), false,
+                         ReduceOp::SUM)) {
+    auto direct = comm_->direct(rank_, size_);
+    return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), [=] {
+      return detail::direct_all_gather(direct, in.buffer, out.buffer, detail::take_tag(direct),
+                                       [out, in] { out.copy_back(); });
+    });
+  }
   return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);
@@ -359,6 +392,17 @@ WorkPtr MPIBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& 
   MPI_Comm comm = comm_->comm;
   const bool average = opts.op == ReduceOp::AVG;
   const int n = size_;
+  if (detail::use_direct(n, in.buffer.nbytes(), in.buffer.scalar_type(), true, opts.op)) {
+    auto direct = comm_->direct(rank_, size_);
+    const ReduceOp reduce_op = opts.op;
+    return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), [=] {
+      return detail::direct_reduce_scatter(direct, in.buffer, out.buffer, reduce_op,
+                                           detail::take_tag(direct), [out, average, n] {
+                                             if (average) out.buffer.div_(n);
+                                             out.copy_back();
+                                           });
+    });
+  }
   return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), [=] {
     StartedOp s;
     s.requests.resize(1);

@@ -51,19 +51,23 @@ void register_mpi_backend() {
 }
 
 void check_mpi_launch(int rank, int size) {
-  // Note [MPI under tdistrun]: tdistrun (like torchrun) starts plain processes. Each would
-  // initialise MPI as a singleton, a world of one, and OpenMPI singletons cannot join each
-  // other, so the group could never form: say so at once instead of failing inside MPI.
+  // Note [MPI under tdistrun]: tdistrun (like torchrun) forks plain processes by default.
+  // Each would initialise MPI as a singleton, a world of one, and OpenMPI singletons cannot
+  // join each other, so the group could never form: say so at once instead of failing
+  // inside MPI. `tdistrun --launcher mpirun` starts the workers through one mpirun instead
+  // (src/launch/mpirun_launch.cpp), which makes them one MPI world.
   if (size <= 1 || launched_by_mpirun()) return;
   TDIST_THROW(InvalidArgument,
               "rank " + std::to_string(rank) + ": init_process_group(backend=\"mpi\") with " +
                   "world_size " + std::to_string(size) +
                   ", but this process was not started by mpirun (no OMPI_COMM_WORLD_SIZE/"
-                  "PMI_SIZE in its environment; tdistrun and torchrun start plain processes, "
-                  "and MPI cannot join those into one world). Start the job with `mpirun -n " +
+                  "PMI_SIZE in its environment; a plain tdistrun or torchrun forks plain "
+                  "processes, and MPI cannot join those into one world). Under tdistrun, add "
+                  "`--launcher mpirun` (tdistrun --launcher mpirun --nproc-per-node " +
+                  std::to_string(size) + " <program>), or start the job with `mpirun -n " +
                   std::to_string(size) +
-                  " <program>` (rank and world size then come from MPI; no tdistrun needed), "
-                  "or use backend \"gloo\" under tdistrun");
+                  " <program>` (rank and world size then come from MPI), or use backend "
+                  "\"gloo\"");
 }
 
 bool launched_by_mpirun() {

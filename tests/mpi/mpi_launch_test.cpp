@@ -1,6 +1,7 @@
 // init_process_group("mpi") in processes that mpirun did not start (as tdistrun starts them:
 // MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE only): every rank gets a clear error naming the
-// fix instead of a hang or an MPI abort (Note [MPI under tdistrun] in src/mpi/registration.cpp).
+// fixes (tdistrun --launcher mpirun, or mpirun) instead of a hang or an MPI abort (Note [MPI under
+// tdistrun] in src/mpi/registration.cpp).
 
 #include <gtest/gtest.h>
 
@@ -35,6 +36,11 @@ TEST(MpiLaunch, PlainProcessesGetAnErrorThatNamesMpirun) {
       EXPECT_NE(r.output.find("not started by mpirun"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("mpirun -n " + std::to_string(world)), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("rank " + std::to_string(r.rank)), std::string::npos) << r.output;
+      // The fix under tdistrun: its mpirun launcher.
+      EXPECT_NE(
+          r.output.find("tdistrun --launcher mpirun --nproc-per-node " + std::to_string(world)),
+          std::string::npos)
+          << r.output;
     }
   }
 }

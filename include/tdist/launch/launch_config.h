@@ -72,6 +72,13 @@ struct LaunchConfig {
   bool store_secret = true;
   /// Lines of a failed worker's output quoted in the failure summary.
   int summary_lines = 20;
+  /// How this node's workers are started: "fork" (one process each, the default) or
+  /// "mpirun" (one `mpirun -n <nproc_per_node>` child, so the workers form one MPI world;
+  /// single node only; see src/launch/mpirun_launch.h).
+  std::string launcher = "fork";
+  /// --launcher mpirun: the mpirun program and extra arguments placed before the program.
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args;
 
   std::string program;
   std::vector<std::string> args;

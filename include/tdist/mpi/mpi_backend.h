@@ -74,8 +74,9 @@ void register_mpi_backend();
 /// True when this process was started by mpirun/mpiexec (its environment says so).
 bool launched_by_mpirun();
 
-/// Throws InvalidArgument naming the fix (start with mpirun) when a group of more than one
-/// rank is asked for in a process that mpirun did not start (e.g. under tdistrun).
+/// Throws InvalidArgument naming the fix (`tdistrun --launcher mpirun`, or mpirun itself)
+/// when a group of more than one rank is asked for in a process that mpirun did not start
+/// (e.g. forked by a plain tdistrun).
 void check_mpi_launch(int rank, int size);
 
 /// The rank and size of this process in MPI_COMM_WORLD (initialises MPI if needed).
