@@ -1,7 +1,10 @@
 #include "fsdp/autograd_hooks.h"
 
-#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "fsdp/fsdp_state.h"
 
@@ -9,61 +12,72 @@ namespace tdist::fsdp::detail {
 
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::edge_list;
 using torch::autograd::variable_list;
 
-bool any_requires_grad(const std::vector<at::Tensor>& tensors) {
+// Note [Boundary nodes]
+// The identity node FSDP threads a module's boundary tensors through (Note [Backward hooks]).
+// A plain Node rather than a torch::autograd::Function: apply() would also build an
+// AutogradContext (a string-keyed map for the state pointer), record per-input metadata
+// for output validation, handle forward-mode AD and materialise undefined gradients as
+// zeros, none of which an identity needs. Each boundary tensor is replaced by an alias made
+// under no-grad (exactly what Function::apply does for an input returned unchanged) whose
+// gradient edge points at the node; the node's next edges are the tensors' own edges.
+class BoundaryNode final : public torch::autograd::Node {
+ public:
+  BoundaryNode(FSDPState* state, bool pre_backward, edge_list&& next_edges)
+      : Node(std::move(next_edges)), state_(state), pre_backward_(pre_backward) {}
+
+  variable_list apply(variable_list&& grads) override {
+    if (pre_backward_) {
+      state_->pre_backward();
+    } else {
+      state_->post_backward();
+    }
+    return std::move(grads);
+  }
+
+  std::string name() const override {
+    return pre_backward_ ? "tdist::fsdp::PreBackward" : "tdist::fsdp::PostBackward";
+  }
+
+ private:
+  FSDPState* state_;
+  bool pre_backward_;
+};
+
+std::vector<at::Tensor> thread_through_node(FSDPState* state, bool pre_backward,
+                                            std::vector<at::Tensor> tensors) {
+  edge_list next_edges;
   for (const auto& t : tensors) {
-    if (t.defined() && t.requires_grad()) return true;
+    if (t.defined() && t.requires_grad()) {
+      next_edges.push_back(torch::autograd::impl::gradient_edge(t));
+    }
   }
-  return false;
+  if (next_edges.empty()) return tensors;
+  std::shared_ptr<BoundaryNode> node(new BoundaryNode(state, pre_backward, std::move(next_edges)),
+                                     torch::autograd::deleteNode);
+  for (auto& t : tensors) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    at::Tensor alias;
+    {
+      at::AutoGradMode no_grad(false);
+      alias = t.view_as(t);
+    }
+    torch::autograd::create_gradient_edge(alias, node);
+    t = std::move(alias);
+  }
+  return tensors;
 }
-
-FSDPState* state_from(AutogradContext* ctx) {
-  return reinterpret_cast<FSDPState*>(ctx->saved_data["state"].toInt());
-}
-
-struct PreBackward : public torch::autograd::Function<PreBackward> {
-  static variable_list forward(AutogradContext* ctx, int64_t state, at::TensorList outputs) {
-    ctx->saved_data["state"] = state;
-    return variable_list(outputs.begin(), outputs.end());
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    state_from(ctx)->pre_backward();
-    variable_list out;
-    out.reserve(grads.size() + 1);
-    out.emplace_back();  // for the int64 argument
-    for (auto& g : grads) out.push_back(std::move(g));
-    return out;
-  }
-};
-
-struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, int64_t state, at::TensorList inputs) {
-    ctx->saved_data["state"] = state;
-    return variable_list(inputs.begin(), inputs.end());
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    state_from(ctx)->post_backward();
-    variable_list out;
-    out.reserve(grads.size() + 1);
-    out.emplace_back();
-    for (auto& g : grads) out.push_back(std::move(g));
-    return out;
-  }
-};
 
 }  // namespace
 
 std::vector<at::Tensor> register_pre_backward(FSDPState* state, std::vector<at::Tensor> outputs) {
-  if (!any_requires_grad(outputs)) return outputs;
-  // A TensorList (not a std::vector) so that autograd sees each element as an input.
-  return PreBackward::apply(reinterpret_cast<int64_t>(state), at::TensorList(outputs));
+  return thread_through_node(state, /*pre_backward=*/true, std::move(outputs));
 }
 
 std::vector<at::Tensor> register_post_backward(FSDPState* state, std::vector<at::Tensor> inputs) {
-  if (!any_requires_grad(inputs)) return inputs;
-  return PostBackward::apply(reinterpret_cast<int64_t>(state), at::TensorList(inputs));
+  return thread_through_node(state, /*pre_backward=*/false, std::move(inputs));
 }
 
 void queue_end_of_backward_callback(std::function<void()> fn) {

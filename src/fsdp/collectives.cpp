@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/hook_timing.h"
 #include "fsdp/sharded_param.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
@@ -23,23 +24,27 @@ FlatLayout FlatLayout::of(const std::vector<ShardedParam*>& params) {
 
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label, at::Tensor input) {
+                                   const std::string& label, FSDPStats& stats, at::Tensor input) {
   TraceScope trace("FSDP::all_gather", label);
   AllGatherResult result;
   result.world = params.empty() ? 1 : params.front()->layout().world;
   // Note [Mixed precision and offload]: gathered in param_dtype on the compute device.
   const at::TensorOptions options = params.front()->unsharded_options();
-  if (!input.defined()) {
-    TraceScope copy_in("FSDP::all_gather_copy_in", label);
-    input = at::empty({layout.total}, options);
-    for (size_t i = 0; i < params.size(); ++i) {
-      input.narrow(0, layout.offsets[i], layout.numels[i]).copy_(params[i]->padded_shard_flat());
+  {
+    CopyTimer copy(stats);
+    if (!input.defined()) {
+      TraceScope copy_in("FSDP::all_gather_copy_in", label);
+      input = at::empty({layout.total}, options);
+      for (size_t i = 0; i < params.size(); ++i) {
+        input.narrow(0, layout.offsets[i], layout.numels[i]).copy_(params[i]->padded_shard_flat());
+      }
     }
+    result.input = input;
+    result.output = at::empty({result.world * layout.total}, options);
+    if (group->size() == 1) result.output.copy_(input);
   }
-  result.input = input;
-  result.output = at::empty({result.world * layout.total}, options);
+  CommTimer issue(stats.comm_issue_ns);
   if (group->size() == 1) {
-    result.output.copy_(input);
     result.work = completed_work("all_gather_into_tensor", {result.output});
   } else {
     // The flight recorder names the FSDP module a stuck rank was gathering for.
@@ -65,8 +70,10 @@ void foreach_all_gather_copy_out(const AllGatherResult& result,
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label, c10::ScalarType reduce_dtype) {
+                                   const std::string& label, c10::ScalarType reduce_dtype,
+                                   FSDPStats& stats) {
   TraceScope trace("FSDP::reduce_scatter", label);
+  CopyTimer copy(stats);
   ReduceScatterResult result;
   result.world = params.front()->layout().world;
   const at::TensorOptions options = params.front()->unsharded_options().dtype(reduce_dtype);
@@ -103,8 +110,10 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   const at::Tensor flat_input = result.input.view({-1});
   if (group->size() == 1) {
     result.output.copy_(flat_input);
+    CommTimer issue(stats.comm_issue_ns);
     result.work = completed_work("reduce_scatter_tensor", {result.output});
   } else {
+    CommTimer issue(stats.comm_issue_ns);
     CollectiveLabelScope label_scope(label + " reduce_scatter");
     result.work = reduce_scatter_tensor(result.output, flat_input, ReduceOp::SUM, group,
                                         /*async_op=*/true);

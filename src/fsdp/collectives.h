@@ -20,6 +20,7 @@
 
 #include "tdist/comm/process_group.h"
 #include "tdist/comm/work.h"
+#include "tdist/fsdp/fully_shard.h"
 
 namespace tdist::fsdp::detail {
 
@@ -43,9 +44,11 @@ struct AllGatherResult {
 /// All-gathers the params' padded shards. `input` may be given (a post-forward slab, see
 /// Note [Reshard to a smaller group]); by default the shards are copied into one buffer.
 /// `output_world` is the number of rank blocks in the output (the full world size).
+/// `stats` gets the copy-in (copy_ns) and the issue (comm_issue_ns) time.
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label, at::Tensor input = {});
+                                   const std::string& label, FSDPStats& stats,
+                                   at::Tensor input = {});
 
 /// Copies a completed all-gather's output into each param's (allocated) padded unsharded
 /// tensor.
@@ -66,7 +69,8 @@ struct ReduceScatterResult {
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label, c10::ScalarType reduce_dtype);
+                                   const std::string& label, c10::ScalarType reduce_dtype,
+                                   FSDPStats& stats);
 
 /// All-gathers a tensor sliced like `param` (`local`: this rank's unpadded rows, in any
 /// dtype) into the whole tensor, synchronously, over `group`, on the compute device. Returns

@@ -54,7 +54,7 @@ class CommContext {
   void begin_step() { current_step_.clear(); }
   void record(CommEvent event) { current_step_.push_back(event); }
   void end_step() {
-    last_step_ = std::move(current_step_);
+    last_step_.swap(current_step_);  // both keep their capacity: no allocation per step
     current_step_.clear();
   }
   const std::vector<CommEvent>& last_step() const { return last_step_; }

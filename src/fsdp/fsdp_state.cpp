@@ -1,6 +1,5 @@
 #include "fsdp/fsdp_state.h"
 
-#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -8,30 +7,13 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdp/autograd_hooks.h"
+#include "fsdp/hook_timing.h"
 #include "fsdp/registry.h"
 #include "tdist/error.h"
 
 namespace tdist::fsdp::detail {
 
 namespace {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Adds the hook's own CPU time (wall time minus time blocked on collectives) to the stats.
-class HookTimer {
- public:
-  explicit HookTimer(FSDPStats& stats) : stats_(stats), begin_(now_ns()), wait0_(stats.wait_ns) {}
-  ~HookTimer() { stats_.hook_cpu_ns += (now_ns() - begin_) - (stats_.wait_ns - wait0_); }
-
- private:
-  FSDPStats& stats_;
-  int64_t begin_;
-  int64_t wait0_;
-};
 
 // Floating tensors cast to `dtype` (autograd-tracked, so gradients flow back in the
 // original dtype); others untouched.
@@ -108,6 +90,7 @@ std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
   if (group_) group_->pre_forward();
   const MixedPrecisionPolicy& mp = options_.mp_policy();
   if (mp.cast_forward_inputs() && mp.param_dtype()) {
+    CopyTimer copy(stats());
     inputs = cast_floating(std::move(inputs), *mp.param_dtype());
   }
   if (torch::autograd::GradMode::is_enabled()) {
@@ -120,6 +103,7 @@ std::vector<at::Tensor> FSDPState::post_forward(std::vector<at::Tensor> outputs)
   HookTimer timer(stats());
   if (group_) group_->post_forward();
   if (const auto& dtype = options_.mp_policy().output_dtype()) {
+    CopyTimer copy(stats());
     outputs = cast_floating(std::move(outputs), *dtype);
   }
   const bool grad = torch::autograd::GradMode::is_enabled();

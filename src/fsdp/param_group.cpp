@@ -40,6 +40,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdp/comm_context.h"
+#include "fsdp/hook_timing.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
@@ -49,18 +50,11 @@ namespace tdist::fsdp::detail {
 
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
-  const int64_t begin = now_ns();
+  CommTimer timer(stats.wait_ns);
   std::chrono::milliseconds timeout = group->timeout();
   if (timeout.count() <= 0) timeout = kDefaultPgTimeout;
   work->wait(timeout);
-  stats.wait_ns += now_ns() - begin;
 }
 
 }  // namespace
@@ -133,10 +127,10 @@ void ParamGroup::unshard(bool async_op) {
   if (shard_state_ == ShardState::kShardedPostForward) {
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer.
-    all_gather_ = foreach_all_gather(raw_, flat_, config_.post_forward_group, label_,
+    all_gather_ = foreach_all_gather(raw_, flat_, config_.post_forward_group, label_, stats_,
                                      post_forward_slab_.view({-1}));
   } else {
-    all_gather_ = foreach_all_gather(raw_, flat_, group_, label_);
+    all_gather_ = foreach_all_gather(raw_, flat_, group_, label_, stats_);
   }
   shard_state_ = ShardState::kUnsharding;
   ++stats_.all_gathers;
@@ -149,12 +143,13 @@ void ParamGroup::wait_for_unshard() {
   wait_work(all_gather_.work, group_, stats_);
   {
     TraceScope trace("FSDP::all_gather_copy_out", label_);
+    CopyTimer copy(stats_);
     for (ShardedParam* p : raw_) p->alloc_unsharded();
     foreach_all_gather_copy_out(all_gather_, raw_, flat_);
-    for (ShardedParam* p : raw_) p->use_unsharded();
+    all_gather_ = AllGatherResult();  // frees the collective's buffers
+    post_forward_slab_ = at::Tensor();
   }
-  all_gather_ = AllGatherResult();
-  post_forward_slab_ = at::Tensor();
+  for (ShardedParam* p : raw_) p->use_unsharded();
   shard_state_ = ShardState::kUnsharded;
   if (comm_ != nullptr) comm_->after_all_gather(this);
 }
@@ -165,11 +160,12 @@ void ParamGroup::reshard() {
   // Never free a buffer an all-gather may still be writing.
   if (shard_state_ == ShardState::kUnsharding) wait_for_unshard();
   TraceScope trace("FSDP::reshard", label_);
-  for (ShardedParam* p : raw_) {
-    p->use_sharded();
-    p->free_unsharded();  // Note [Freeing unsharded storage]
+  for (ShardedParam* p : raw_) p->use_sharded();
+  {
+    CopyTimer copy(stats_);
+    for (ShardedParam* p : raw_) p->free_unsharded();  // Note [Freeing unsharded storage]
+    post_forward_slab_ = at::Tensor();
   }
-  post_forward_slab_ = at::Tensor();
   shard_state_ = ShardState::kSharded;
 }
 
@@ -189,6 +185,7 @@ void ParamGroup::reshard_post_forward() {
   check(shard_state_ == ShardState::kUnsharded, "reshard_post_forward", "unsharded");
   const int per = world / k;
   const int j = config_.post_forward_group->rank();
+  CopyTimer copy(stats_);
   at::Tensor slab = at::empty({per, flat_.total}, raw_.front()->unsharded_options());
   for (size_t i = 0; i < raw_.size(); ++i) {
     slab.narrow(1, flat_.offsets[i], flat_.numels[i])
@@ -266,7 +263,7 @@ void ParamGroup::replay_all_gather(bool from_post_forward_slab) {
 void ParamGroup::replay_reduce_scatter() {
   for (ShardedParam* p : raw_) p->stash_sharded_grad();
   const std::vector<at::Tensor> zeros(raw_.size());  // undefined: reduced as zeros
-  reduce_ = foreach_reduce(raw_, zeros, flat_, group_, label_, reduce_dtype());
+  reduce_ = foreach_reduce(raw_, zeros, flat_, group_, label_, reduce_dtype(), stats_);
   reduce_pending_ = true;
   ++stats_.reduce_scatters;
   finish_reduce();
@@ -325,7 +322,10 @@ void ParamGroup::pre_backward() {
   if (training_state_ == TrainingState::kPreBackward) return;  // one hook per output node
   TraceScope trace("FSDP::pre_backward", label_);
   training_state_ = TrainingState::kPreBackward;
-  for (ShardedParam* p : raw_) p->stash_sharded_grad();
+  {
+    CopyTimer copy(stats_);  // accumulates onto an earlier stash (gradient accumulation)
+    for (ShardedParam* p : raw_) p->stash_sharded_grad();
+  }
   unshard(/*async_op=*/true);
   if (comm_ != nullptr && comm_->prefetch && comm_->backward_prefetch) {
     prefetch(backward_prefetch_, comm_->next_backward(this));
@@ -350,6 +350,7 @@ void ParamGroup::post_backward() {
   if (!requires_gradient_sync_ || !any_trainable) {
     // Note [Accumulation without sync]: the unsharded gradients stay on this rank (in the
     // reduce dtype) until a synced backward reduces their sum; the sharded grads return.
+    CopyTimer copy(stats_);
     for (size_t i = 0; i < raw_.size(); ++i) {
       if (grads[i].defined()) raw_[i]->accumulate_unsharded_grad(grads[i].to(reduce_dtype()));
       raw_[i]->accumulate_sharded_grad(at::Tensor());
@@ -360,6 +361,7 @@ void ParamGroup::post_backward() {
   for (size_t i = 0; i < raw_.size(); ++i) {
     at::Tensor kept = raw_[i]->take_accumulated_unsharded_grad();
     if (!kept.defined()) continue;
+    CopyTimer copy(stats_);
     grads[i] = grads[i].defined() ? kept.add_(grads[i]) : kept;
   }
   // Every rank whose pre-backward ran reduces (missing grads count as zeros), so ranks
@@ -368,8 +370,11 @@ void ParamGroup::post_backward() {
     comm_->finish_pending_reduce();
     comm_->record({CommEvent::Kind::kReduceScatter, this});
   }
-  reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype());
-  grads.clear();  // the unsharded gradients are in the reduce-scatter input now
+  reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype(), stats_);
+  {
+    CopyTimer copy(stats_);
+    grads.clear();  // the unsharded gradients are in the reduce-scatter input now
+  }
   reduce_pending_ = true;
   ++stats_.reduce_scatters;
   reshard();
@@ -392,11 +397,16 @@ void ParamGroup::finish_reduce() {
   const ProcessGroupPtr& replicas = config_.replicate_group;
   if (replicas && replicas->size() > 1) {
     TraceScope trace("FSDP::all_reduce_replicas", label_);
-    CollectiveLabelScope label_scope(label_ + " all_reduce_replicas");
-    WorkPtr work = all_reduce(reduce_.output, ReduceOp::SUM, replicas, /*async_op=*/true);
+    WorkPtr work;
+    {
+      CommTimer issue(stats_.comm_issue_ns);
+      CollectiveLabelScope label_scope(label_ + " all_reduce_replicas");
+      work = all_reduce(reduce_.output, ReduceOp::SUM, replicas, /*async_op=*/true);
+    }
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
+  CopyTimer copy(stats_);
   reduce_.output.div_(divisor);
   for (size_t i = 0; i < raw_.size(); ++i) {
     if (!raw_[i]->requires_grad()) {

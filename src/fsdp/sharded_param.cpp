@@ -7,6 +7,29 @@
 
 namespace tdist::fsdp::detail {
 
+namespace {
+
+// Points `param` at `data` (Note [Parameter identity]). When only the storage, sizes, strides
+// and offset differ (same dtype, device and layout: every step without mixed precision or
+// offload) this rewrites those fields of P's TensorImpl directly, skipping set_data's
+// dispatcher round trip, its checks and the full metadata copy of shallow_copy_from; the
+// result is the same (identity, autograd metadata and version counter untouched).
+void point_param_at(const at::Tensor& param, const at::Tensor& data) {
+  c10::TensorImpl* impl = param.unsafeGetTensorImpl();
+  const c10::TensorImpl* src = data.unsafeGetTensorImpl();
+  if (impl->dtype() == src->dtype() && impl->device() == src->device() &&
+      impl->layout() == src->layout() && impl->key_set() == src->key_set() &&
+      impl->allow_tensor_metadata_change() && impl->has_storage() && src->has_storage()) {
+    impl->set_storage_keep_dtype(src->storage());
+    impl->set_sizes_and_strides(src->sizes(), src->strides());
+    impl->set_storage_offset(src->storage_offset());
+    return;
+  }
+  util::set_data_in_place(param, data);
+}
+
+}  // namespace
+
 ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
                            const ParamPolicy& policy)
     : fqn_(std::move(fqn)), param_(std::move(param)) {
@@ -58,7 +81,7 @@ size_t ShardedParam::unsharded_nbytes() const {
 
 void ShardedParam::use_unsharded() {
   if (holds_unsharded_) return;
-  util::set_data_in_place(param_, unsharded_view_);
+  point_param_at(param_, unsharded_view_);
   holds_unsharded_ = true;
 }
 
@@ -69,7 +92,7 @@ void ShardedParam::use_full(const at::Tensor& full) {
 
 void ShardedParam::use_sharded() {
   if (!holds_unsharded_) return;
-  util::set_data_in_place(param_, local_shard_);
+  point_param_at(param_, local_shard_);
   holds_unsharded_ = false;
 }
 

@@ -117,9 +117,18 @@ struct FullyShardOptions {
 };
 
 /// Per-module FSDP counters (see bench/fsdp).
+/// Hook time is split four ways (Note [Hook time accounting] in src/fsdp/hook_timing.h);
+/// summed over all modules of a tree, hook_cpu_ns + copy_ns + wait_ns + comm_issue_ns = the
+/// wall time of FSDP's hooks (copies and collectives are charged to the module they serve,
+/// which may differ from the one whose hook ran them, e.g. a prefetch).
 struct FSDPStats {
-  int64_t hook_cpu_ns = 0;  // time in FSDP's hooks, excluding waits on collectives
-  int64_t wait_ns = 0;      // time blocked waiting for collectives
+  int64_t hook_cpu_ns = 0;    // the framework's own bookkeeping in FSDP's hooks: the hooks'
+                              // time minus collectives (issue, wait) and data movement
+  int64_t copy_ns = 0;        // data movement: allocating, copying, casting and freeing the
+                              // collective buffers, unsharded storage and gradients
+  int64_t wait_ns = 0;        // time blocked waiting for collectives
+  int64_t comm_issue_ns = 0;  // time issuing collectives (handing them to the backend)
+  int64_t hook_calls = 0;     // hook entry points run
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
   int64_t prefetches = 0;  // all-gathers issued ahead of the module's own hook
