@@ -1,5 +1,6 @@
 // The same-host shared-memory path of the Gloo engine (src/comm/gloo/shm.h) against the TCP
-// path: both give the expected results for every dtype and op, segments grow and alternate
+// path: both give the expected results for every dtype and op (all_reduce, reduce_scatter,
+// all_gather, broadcast, even all_to_all_single), segments grow and alternate
 // halves correctly across many back-to-back and interleaved collectives, and mismatches
 // still raise on every rank.
 
@@ -44,6 +45,20 @@ TEST_P(GlooShm, ReducingAndGatheringCollectivesMatchExpectations) {
               expect_equal(
                   out, expected_reduce(n, numel, dtype, op).narrow(0, rank * per_rank, per_rank),
                   label("reduce_scatter_tensor", n, dtype, op, numel));
+            }
+            at::Tensor cast = rank_input(rank, per_rank, dtype);
+            BroadcastOptions bc;
+            bc.root = n - 1;
+            b.broadcast(cast, bc)->wait();
+            expect_equal(cast, rank_input(n - 1, per_rank, dtype), label("broadcast", n, dtype));
+            // Even all_to_all_single: block p of rank r's input (values r) lands in rank p's
+            // output block r.
+            at::Tensor blocks = rank_input(rank, per_rank, dtype).repeat({n});
+            at::Tensor swapped = at::empty_like(blocks);
+            b.all_to_all_single(swapped, blocks, {}, {}, {})->wait();
+            for (int c = 0; c < n; ++c) {
+              expect_equal(swapped.narrow(0, c * per_rank, per_rank),
+                           rank_input(c, per_rank, dtype), label("all_to_all_single", n, dtype));
             }
             at::Tensor mine = rank_input(rank, per_rank, dtype);
             at::Tensor all = at::zeros({numel}, mine.options());

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "comm/gloo/collective_common.h"
+#include "comm/gloo/shm_collectives.h"
 #include "tdist/comm/gloo_backend.h"
 
 namespace tdist {
@@ -83,9 +84,15 @@ WorkPtr GlooBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inp
                       std::to_string(in_splits[rank_]) + " rows but expects " +
                       std::to_string(out_splits[rank_]) + "; the split sizes disagree");
   auto timeout = effective_timeout(opts);
+  // Even splits can go through shared memory: every block then sits at rank x block size.
+  const bool even = input_split_sizes.empty() && output_split_sizes.empty();
   return enqueue(Lane::kCollective, op, {output},
-                 [this, op, out = output, in = input, send, recv, timeout]() mutable {
+                 [this, op, out = output, in = input, send, recv, even, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm(); arena && even) {
+                     shm_all_to_all(ex, *arena, out, in, send, recv);
+                     return;
+                   }
                    ex.handshake(header_for(in, 0), send, recv);
                    at::Tensor src = staged(in, in.scalar_type());
                    at::Tensor work = staged_output(out, out.scalar_type());

@@ -20,6 +20,10 @@ WorkPtr GlooBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts)
   return enqueue(Lane::kCollective, op, {tensor},
                  [this, op, t = tensor, root = opts.root, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm()) {
+                     shm_broadcast(ex, *arena, t, root);
+                     return;
+                   }
                    ex.handshake(header_for(t, t.numel(), -1, root), {}, {});
                    at::Tensor work = staged(t, t.scalar_type());
                    chain_broadcast(ex, bytes_of(work), work.nbytes(), root, kPhase1);

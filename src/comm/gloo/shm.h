@@ -3,16 +3,17 @@
 // Same-host shared-memory data path of the Gloo engine (see Note [Shared-memory path]).
 //
 // Note [Shared-memory path]: when every rank of a group runs on one host (probed at connect:
-// every rank maps every other rank's probe segment), all_reduce, all_gather_into_tensor and
-// reduce_scatter_tensor move their payload through POSIX shared memory instead of TCP
-// loopback; only the small per-collective header (which also carries the segment names)
-// and, for all_reduce, one "chunk reduced" notification travel over gloo. So the cross-rank
-// check, the timeouts and the dead-peer watchdog are those of the TCP path, and a mismatch
-// still raises DistBackendError on every rank instead of aborting.
+// every rank maps every other rank's probe segment), all_reduce, all_gather_into_tensor,
+// reduce_scatter_tensor, broadcast and even all_to_all_single move their payload through POSIX
+// shared memory instead of TCP loopback; only the small per-collective header (which also carries
+// the segment names) and, for all_reduce, one "chunk reduced" notification travel over gloo. So the
+// cross-rank check, the timeouts and the dead-peer watchdog are those of the TCP path, and a
+// mismatch still raises DistBackendError on every rank instead of aborting.
 //
 // Each collective copies this rank's input into its own segment, announces it in the header
-// handshake, then reads the peers' segments directly: all_gather copies every rank's block and
-// reduce_scatter reduces its block from every segment (one synchronisation each); all_reduce
+// handshake, then reads the peers' segments directly: all_gather copies every rank's block,
+// reduce_scatter reduces its block from every segment, broadcast copies the root's and
+// all_to_all its block of every segment (one synchronisation each); all_reduce
 // is a reduce-scatter then an all-gather through the segments (one more notification), see
 // shm_all_reduce.
 //

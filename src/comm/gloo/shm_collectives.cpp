@@ -14,37 +14,45 @@ namespace tdist::detail {
 namespace {
 
 // Fills this rank's half of the arena (through `fill`), runs the header handshake announcing
-// it and returns every rank's half (this rank's own at index rank), mapped and at least
-// `bytes` long.
-std::vector<char*> publish(Exchange& ex, ShmArena& arena, Header header, size_t bytes,
-                           const std::function<void(char*)>& fill) {
+// it (with per-peer payload sizes, when given, for the pairwise check) and returns every
+// rank's half (this rank's own at index rank), mapped and at least need[p] long.
+std::vector<char*> publish(Exchange& ex, ShmArena& arena, Header header,
+                           const std::vector<size_t>& need, const std::function<void(char*)>& fill,
+                           const std::vector<int64_t>& send = {},
+                           const std::vector<int64_t>& recv = {}) {
   const int n = ex.size();
   const int r = ex.rank();
   const uint64_t op = arena.begin_op();
   const int parity = static_cast<int>(op % 2);
-  char* mine = arena.local(bytes, parity);
+  char* mine = arena.local(need[r], parity);
   if (mine) {
     fill(mine);
     header.shm_key = arena.key();
     header.shm_gen = arena.generation();
   }
-  std::vector<Header> headers = ex.handshake(header, {}, {});
+  std::vector<Header> headers = ex.handshake(header, send, recv);
   arena.peers_synced(op);
   for (int p = 0; p < n; ++p) {
     if (headers[p].shm_key != 0) continue;
     TDIST_THROW(DistBackendError,
                 rank_prefix(r, ex.info().op) + "rank " + std::to_string(p) +
-                    " could not get shared memory for " + std::to_string(bytes) + " bytes" +
+                    " could not get shared memory for " + std::to_string(need[p]) + " bytes" +
                     (p == r ? ": " + arena.last_error() : std::string(" (see its error)")) +
                     "; free /dev/shm or set TDIST_GLOO_SHM=0 to move data over TCP");
   }
+  // Every announced segment is mapped now, even one this collective does not read: its owner
+  // unlinks the name once this rank's next header arrives (ShmArena::peers_synced).
   std::vector<char*> halves(n);
   for (int p = 0; p < n; ++p) {
     halves[p] = p == r ? mine
                        : const_cast<char*>(arena.remote(p, headers[p].shm_key, headers[p].shm_gen,
-                                                        parity, bytes));
+                                                        parity, need[p]));
   }
   return halves;
+}
+
+std::vector<size_t> everyone(int n, size_t bytes) {
+  return std::vector<size_t>(n, bytes);
 }
 
 at::Tensor view_of(char* ptr, at::IntArrayRef sizes, at::ScalarType dtype) {
@@ -87,8 +95,9 @@ void copy_into(char* dst, const at::Tensor& src, at::ScalarType dtype) {
 void reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at::ScalarType acc) {
   const int n = ex.size();
   const size_t numel = t.numel();
-  auto half = publish(ex, arena, header_for(t, numel, static_cast<int>(op)),
-                      numel * c10::elementSize(acc), [&](char* p) { copy_into(p, t, acc); });
+  auto half =
+      publish(ex, arena, header_for(t, numel, static_cast<int>(op)),
+              everyone(n, numel * c10::elementSize(acc)), [&](char* p) { copy_into(p, t, acc); });
   const ReduceFn fn = make_reduce_fn(op, acc);
   at::Tensor work = staged_output(t, acc);
   char* dst = bytes_of(work);
@@ -122,12 +131,12 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   std::vector<size_t> offset(n, 0);
   for (int c = 1; c < n; ++c) offset[c] = offset[c - 1] + counts[c - 1] * esz;
   char* data = bytes_of(t);
-  auto half =
-      publish(ex, arena, header_for(t, numel, static_cast<int>(op)), numel * esz, [&](char* p) {
-        for (int c = 0; c < n; ++c) {
-          if (c != r) std::memcpy(p + offset[c], data + offset[c], counts[c] * esz);
-        }
-      });
+  auto half = publish(ex, arena, header_for(t, numel, static_cast<int>(op)),
+                      everyone(n, numel * esz), [&](char* p) {
+                        for (int c = 0; c < n; ++c) {
+                          if (c != r) std::memcpy(p + offset[c], data + offset[c], counts[c] * esz);
+                        }
+                      });
   const ReduceFn fn = make_reduce_fn(op, acc);
   std::vector<char> block(std::min(kBlockBytes, std::max<size_t>(counts[r] * esz, 1)));
   const size_t per_block = std::max<size_t>(block.size() / esz, 1);
@@ -152,7 +161,7 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
 void shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
   const int n = ex.size();
   const size_t bytes = in.nbytes();
-  auto half = publish(ex, arena, header_for(in, in.numel()), bytes,
+  auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
                       [&](char* p) { copy_into(p, in, in.scalar_type()); });
   at::Tensor work = staged_output(out, out.scalar_type());
   char* dst = bytes_of(work);
@@ -168,8 +177,8 @@ void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
   const size_t esz = c10::elementSize(acc);
   const size_t numel = out.numel();
   const size_t chunk = numel * esz;
-  auto half = publish(ex, arena, header_for(out, numel, static_cast<int>(op)), chunk * n,
-                      [&](char* p) { copy_into(p, in, acc); });
+  auto half = publish(ex, arena, header_for(out, numel, static_cast<int>(op)),
+                      everyone(n, chunk * n), [&](char* p) { copy_into(p, in, acc); });
   at::Tensor work = staged_output(out, acc);
   char* dst = bytes_of(work);
   const ReduceFn fn = make_reduce_fn(op, acc);
@@ -179,6 +188,34 @@ void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
     for (int p = 2; p < n; ++p) fn(dst, dst, half[p] + r * chunk, numel);
   }
   finish_average(op, dst, numel, acc, n);
+  unstage(out, work);
+}
+
+void shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& t, int root) {
+  const int n = ex.size();
+  const bool is_root = ex.rank() == root;
+  std::vector<size_t> need(n, 0);
+  need[root] = t.nbytes();
+  auto half = publish(ex, arena, header_for(t, t.numel(), -1, root), need, [&](char* p) {
+    if (is_root) copy_into(p, t, t.scalar_type());
+  });
+  if (is_root || t.numel() == 0) return;
+  at::Tensor work = staged_output(t, t.scalar_type());
+  std::memcpy(bytes_of(work), half[root], t.nbytes());
+  unstage(t, work);
+}
+
+void shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
+                    const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  const int n = ex.size();
+  const int r = ex.rank();
+  const size_t block = in.nbytes() / n;
+  auto half = publish(
+      ex, arena, header_for(in, 0), everyone(n, in.nbytes()),
+      [&](char* p) { copy_into(p, in, in.scalar_type()); }, send, recv);
+  at::Tensor work = staged_output(out, out.scalar_type());
+  char* dst = bytes_of(work);
+  for (int c = 0; c < n; ++c) std::memcpy(dst + c * block, half[c] + r * block, block);
   unstage(out, work);
 }
 

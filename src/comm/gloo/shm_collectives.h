@@ -1,8 +1,10 @@
 #pragma once
 
-// all_reduce, all_gather_into_tensor and reduce_scatter_tensor over the same-host
-// shared-memory arena (Note [Shared-memory path] in shm.h). Each runs the header handshake
-// itself (announcing its segment), so callers do not.
+// all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast and even-split
+// all_to_all_single over the same-host shared-memory arena (Note [Shared-memory path] in
+// shm.h). Each runs the header handshake itself (announcing its segment), so callers do not.
+
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -19,5 +21,12 @@ void shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output, const at:
 /// input holds world_size x output elements; output gets the reduction of block `rank`.
 void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
                         ReduceOp op);
+
+/// The root's tensor to every rank.
+void shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& tensor, int root);
+/// all_to_all_single with even splits: block p of input goes to rank p, block c of output
+/// comes from rank c. `send`/`recv` are the per-peer bytes, for the handshake's pairwise check.
+void shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
+                    const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
 }  // namespace tdist::detail
