@@ -45,9 +45,10 @@ struct GlooBackendOptions {
   /// Bytes per pipelined segment of the large-message algorithms.
   TDIST_ARG(size_t, segment_bytes) = size_t(1) << 20;
   /// When every rank of the group is on this host (probed at connect), all_reduce,
-  /// all_gather_into_tensor and reduce_scatter_tensor move their data through POSIX shared
-  /// memory; only headers and notifications go over TCP, so checks, timeouts and dead-peer
-  /// detection are the TCP path's. On by default; TDIST_GLOO_SHM=0 turns it off.
+  /// all_gather_into_tensor, reduce_scatter_tensor, broadcast and even-split
+  /// all_to_all_single move their data through POSIX shared memory; only headers and
+  /// notifications go over TCP, so checks, timeouts and dead-peer detection are the TCP
+  /// path's. On by default; TDIST_GLOO_SHM=0 turns it off (docs/gloo.md).
   TDIST_ARG(bool, shared_memory) = true;
 };
 
