@@ -11,9 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -28,6 +25,7 @@
 
 #include <torch/torch.h>
 
+#include "common/free_port.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 
@@ -107,26 +105,13 @@ int run_rank() {
   return 0;
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
 /// Runs `argv` as 2 ranks with the env:// variables set; returns each rank's result.
 std::vector<Result> run_world2(const std::vector<std::string>& argv, const Config& c,
                                const std::string& tag) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("bench_ddp_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  const int port = free_port();
+  const int port = bench::free_port();
   std::vector<pid_t> pids;
   std::vector<std::string> files;
   for (int rank = 0; rank < 2; ++rank) {

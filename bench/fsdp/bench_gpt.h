@@ -14,6 +14,9 @@
 #include <torch/torch.h>
 
 #include "tdist/fsdp/forward.h"
+#ifdef TDIST_BENCH_HAVE_DDP
+#include "tdist/ddp/distributed_data_parallel.h"
+#endif
 
 namespace bench_fsdp {
 
@@ -86,5 +89,27 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(GPT);
+
+#ifdef TDIST_BENCH_HAVE_DDP
+using DDP = tdist::ddp::DistributedDataParallel;
+#else
+struct DDP {};  // a build without tdist_ddp never makes one
+#endif
+
+/// One optimizer step of `model` on (x, y): forward through `ddp` when given, else through
+/// FSDP's entry point (plain forward for a model that is not sharded); returns the loss.
+inline torch::Tensor train_step(GPT& model, DDP* ddp, torch::optim::Optimizer& opt,
+                                const torch::Tensor& x, const torch::Tensor& y, int vocab) {
+  opt.zero_grad();
+  torch::Tensor logits;
+#ifdef TDIST_BENCH_HAVE_DDP
+  if (ddp) logits = ddp->forward([&] { return model->forward(x); });
+#endif
+  if (!logits.defined()) logits = tdist::fsdp::forward(model, x);
+  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1}));
+  loss.backward();
+  opt.step();
+  return loss;
+}
 
 }  // namespace bench_fsdp

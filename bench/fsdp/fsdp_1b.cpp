@@ -12,11 +12,8 @@
 //
 // Safety: the cap bounds each rank's address space, so the two ranks together never hold more
 // than 2 x cap; the run refuses to start unless MemAvailable exceeds that plus 1 GiB.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,18 +34,18 @@
 #include <torch/torch.h>
 
 #include "bench_gpt.h"
+#include "common/free_port.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
-#ifdef TDIST_BENCH_HAVE_DDP
-#include "tdist/ddp/distributed_data_parallel.h"
-#endif
 
 namespace {
 
 using bench_fsdp::Block;
+using bench_fsdp::DDP;
 using bench_fsdp::env_int;
 using bench_fsdp::GPT;
+using bench_fsdp::train_step;
 
 // A /proc/self/status or /proc/meminfo field, in KiB (-1 if absent).
 long proc_kib(const char* file, const char* field) {
@@ -109,9 +106,9 @@ int run_rank(const std::string& mode, int rank) {
       if (np.key().rfind("block", 0) != 0) psi += static_cast<double>(np.value().numel());
     }
     if (fsdp) tdist::fsdp::fully_shard(model, options);
+    std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP
-    std::unique_ptr<tdist::ddp::DistributedDataParallel> ddp;
-    if (!fsdp) ddp = std::make_unique<tdist::ddp::DistributedDataParallel>(model);
+    if (!fsdp) ddp = std::make_unique<DDP>(model);
 #else
     if (!fsdp) throw std::runtime_error("bench built without tdist_ddp");
 #endif
@@ -129,16 +126,7 @@ int run_rank(const std::string& mode, int rank) {
       auto x = tokens.narrow(1, 0, g.seq).narrow(0, rank * batch, batch);
       auto y = tokens.narrow(1, 1, g.seq).narrow(0, rank * batch, batch);
       const auto t0 = std::chrono::steady_clock::now();
-      opt.zero_grad();
-      torch::Tensor logits;
-#ifdef TDIST_BENCH_HAVE_DDP
-      if (ddp) logits = ddp->forward([&] { return model->forward(x); });
-#endif
-      if (!logits.defined()) logits = tdist::fsdp::forward(model, x);
-      auto loss =
-          torch::nn::functional::cross_entropy(logits.reshape({-1, g.vocab}), y.reshape({-1}));
-      loss.backward();
-      opt.step();
+      auto loss = train_step(model, ddp.get(), opt, x, y, g.vocab);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       auto l = torch::tensor({loss.item<double>()}, torch::kFloat64);
       tdist::all_reduce(l);
@@ -163,22 +151,9 @@ int run_rank(const std::string& mode, int rank) {
   return 3;
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
 // Runs two ranks of `mode`; returns true if both finished OK.
 bool run_mode(const std::string& self, const std::string& mode, long cap_bytes, int deadline_s) {
-  const int port = free_port();
+  const int port = bench::free_port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 2; ++rank) {
     const pid_t pid = fork();

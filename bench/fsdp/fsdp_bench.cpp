@@ -10,10 +10,7 @@
 // column: the final loss must match the single-process run (which trains on both ranks'
 // batches). Env: BENCH_WIDTH, BENCH_DEPTH, BENCH_BATCH (per rank), BENCH_SEQ, BENCH_VOCAB,
 // BENCH_STEPS, BENCH_WARMUP, BENCH_THREADS, BENCH_MODES (comma list).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,17 +28,17 @@
 #include <torch/torch.h>
 
 #include "bench_gpt.h"
+#include "common/free_port.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
-#ifdef TDIST_BENCH_HAVE_DDP
-#include "tdist/ddp/distributed_data_parallel.h"
-#endif
 
 namespace {
 
+using bench_fsdp::DDP;
 using bench_fsdp::env_int;
 using bench_fsdp::GPT;
+using bench_fsdp::train_step;
 
 struct Config {
   int width = env_int("BENCH_WIDTH", 256);
@@ -100,9 +97,9 @@ Result train(const Config& c, const std::string& mode, int rank, int world) {
   r.psi = 0;
   for (const auto& p : model->parameters()) r.psi += p.numel();
   std::vector<tdist::fsdp::FSDPModule> handles;
+  std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP
-  std::unique_ptr<tdist::ddp::DistributedDataParallel> ddp;
-  if (mode == "ddp") ddp = std::make_unique<tdist::ddp::DistributedDataParallel>(model);
+  if (mode == "ddp") ddp = std::make_unique<DDP>(model);
 #endif
   if (mode.rfind("fsdp", 0) == 0) {
     tdist::fsdp::FullyShardOptions o;
@@ -143,16 +140,7 @@ Result train(const Config& c, const std::string& mode, int rank, int world) {
     }
     before = totals();
     const auto t0 = std::chrono::steady_clock::now();
-    opt.zero_grad();
-    torch::Tensor logits;
-#ifdef TDIST_BENCH_HAVE_DDP
-    if (ddp) logits = ddp->forward([&] { return model->forward(x); });
-#endif
-    if (!logits.defined()) logits = tdist::fsdp::forward(model, x);
-    auto loss =
-        torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}), y.reshape({-1}));
-    loss.backward();
-    opt.step();
+    auto loss = train_step(model, ddp.get(), opt, x, y, c.vocab);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step >= c.warmup) {
@@ -226,25 +214,12 @@ bool read_result(const std::string& path, Result& r) {
   return true;
 }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
-
 // Runs this binary as `world` ranks of `mode`; returns each rank's result.
 std::vector<Result> run_ranks(const std::string& self, const std::string& mode, int world) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("bench_fsdp_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  const int port = free_port();
+  const int port = bench::free_port();
   std::vector<pid_t> pids;
   std::vector<std::string> files;
   for (int rank = 0; rank < world; ++rank) {
