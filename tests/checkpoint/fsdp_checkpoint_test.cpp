@@ -29,19 +29,10 @@ using fsdp::testing::TinyTransformer;
 constexpr int64_t kLocalBatch = 2;
 constexpr int kTrainSteps = 3;
 
-std::string env_str(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+using tdist::testing::env_str;
 
 TinyConfig config() {
-  TinyConfig c;
-  c.vocab = 7;  // tok [7,15], head [7,15]: 7 rows over 2, 3 or 4 ranks
-  c.width = 15;
-  c.heads = 3;
-  c.hidden = 21;
-  c.seq = 5;
-  return c;
+  return fsdp::testing::uneven_tiny_config();
 }
 
 TinyTransformer make_model(uint64_t seed) {

@@ -24,10 +24,7 @@ constexpr int kSteps = 8;
 constexpr int64_t kLocalBatch = 2;
 constexpr double kTol = 1e-5;
 
-std::string env_str(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using tdist::testing::env_str;
 
 // The tiny transformer with every block checkpointed (same parameters, same names).
 class CheckpointedTinyImpl : public testing::TinyTransformerImpl {

@@ -26,10 +26,7 @@ constexpr int kSteps = 10;
 constexpr int64_t kLocalBatch = 2;
 constexpr double kTol = 1e-5;  // as fsdp_parity_test: fp32, same math, other summation order
 
-std::string env_str(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using tdist::testing::env_str;
 
 ShardingStrategy strategy_from_env() {
   const std::string s = env_str("FSDP1_STRATEGY", "FULL_SHARD");

@@ -29,10 +29,7 @@ using testing::TinyTransformer;
 constexpr int64_t kLocalBatch = 2;
 constexpr double kTol = 1e-5;
 
-std::string env_str(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using tdist::testing::env_str;
 
 torch::optim::AdamW make_adamw(TinyTransformer& model) {
   return torch::optim::AdamW(model->parameters(),

@@ -25,21 +25,10 @@ using testing::TinyTransformer;
 constexpr int64_t kLocalBatch = 2;
 constexpr int kTrainSteps = 3;
 
-std::string env_str(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using tdist::testing::env_str;
 
 TinyConfig config_from_env() {
-  TinyConfig c;
-  if (env_str("SD_SHAPES", "uneven") == "uneven") {
-    c.vocab = 7;  // tok [7,15], head [7,15]: 7 rows over 3 or 4 ranks
-    c.width = 15;
-    c.heads = 3;
-    c.hidden = 21;
-    c.seq = 5;
-  }
-  return c;
+  return env_str("SD_SHAPES", "uneven") == "uneven" ? testing::uneven_tiny_config() : TinyConfig();
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,

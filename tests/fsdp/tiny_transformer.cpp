@@ -47,6 +47,16 @@ torch::Tensor TinyTransformerImpl::forward(torch::Tensor idx) {
   return head(ln_f(x));
 }
 
+TinyConfig uneven_tiny_config() {
+  TinyConfig c;
+  c.vocab = 7;
+  c.width = 15;
+  c.heads = 3;
+  c.hidden = 21;
+  c.seq = 5;
+  return c;
+}
+
 TinyTransformer make_tiny(const TinyConfig& c, uint64_t seed) {
   torch::manual_seed(seed);
   return TinyTransformer(c);

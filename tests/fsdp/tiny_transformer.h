@@ -47,6 +47,10 @@ TORCH_MODULE(TinyTransformer);
 /// A model with deterministic weights (same on every process).
 TinyTransformer make_tiny(const TinyConfig& c, uint64_t seed = 1234);
 
+/// Shapes that do not divide: tok [7,15] and head [7,15] put 7 rows over 2, 3 or 4 ranks, and
+/// every other dimension is odd too.
+TinyConfig uneven_tiny_config();
+
 /// The global batch of `step`: `global_batch` rows of (input, target) token ids.
 std::pair<torch::Tensor, torch::Tensor> tiny_batch(const TinyConfig& c, int64_t global_batch,
                                                    int step);

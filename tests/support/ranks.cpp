@@ -103,6 +103,11 @@ int env_int(const char* name, int fallback) {
   return value ? std::atoi(value) : fallback;
 }
 
+std::string env_str(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
 std::string make_temp_dir(const std::string& prefix) {
   std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
   std::vector<char> buffer(pattern.begin(), pattern.end());

@@ -75,6 +75,9 @@ std::string make_temp_dir(const std::string& prefix = "tdist-test");
 /// Environment variable as int, or fallback.
 int env_int(const char* name, int fallback);
 
+/// Environment variable as a string, or fallback.
+std::string env_str(const char* name, const char* fallback = "");
+
 /// Path of the running test executable.
 std::string self_executable();
 
