@@ -11,6 +11,7 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/mesh/device_mesh.h"
 #include "tdist/join/join.h"
 #include "tdist/ddp/distributed_data_parallel.h"

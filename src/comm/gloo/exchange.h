@@ -43,6 +43,8 @@ struct Header {
   int64_t recv_bytes = 0;  // bytes the sender expects from the receiver
   uint64_t shm_key = 0;    // shared-memory path: the sender's segment (0: it has none)
   uint64_t shm_gen = 0;
+  uint64_t sym_id = 0;  // symmetric-memory path: the sender's tensor (0: not symmetric)
+  int64_t sym_offset = 0;
 };
 
 /// Short description of a header for messages: "all_reduce(total=10, dtype=Float, op=SUM)".

@@ -1,8 +1,8 @@
 #include "comm/gloo/shm.h"
 
-#include <dirent.h>
+#include "comm/shm_object.h"
+
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <random>
@@ -32,79 +31,14 @@ std::string boot_id() {
   return id;
 }
 
-// The creating process id (high half, for remove_stale_segments) and a random low half.
+// The creating process id (high half, for remove_stale_shm_objects) and a random low half.
 uint64_t random_key() {
   std::random_device rd;
   return (uint64_t(static_cast<uint32_t>(::getpid())) << 32) | (uint64_t(rd()) | 1);
 }
 
-// Segments are named /tdist-gloo-<pid>-<key>-<generation>. A killed process leaves its
-// current segments behind: remove those of processes that no longer exist, once they are a
-// half a minute old (a process in another pid namespace that shares /dev/shm looks dead, but
-// its peers have mapped its segments long before then, and unlinking a mapped name is
-// harmless).
-void remove_stale_segments() {
-  DIR* dir = ::opendir("/dev/shm");
-  if (!dir) return;
-  const time_t now = ::time(nullptr);
-  while (dirent* e = ::readdir(dir)) {
-    long pid = 0;
-    if (std::sscanf(e->d_name, "tdist-gloo-%ld-", &pid) != 1 || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    struct stat st;
-    const std::string path = std::string("/dev/shm/") + e->d_name;
-    if (::stat(path.c_str(), &st) != 0 || now - st.st_mtime < 30) continue;
-    ::shm_unlink(("/" + std::string(e->d_name)).c_str());
-  }
-  ::closedir(dir);
-}
-
 std::string errno_text() {
   return std::strerror(errno);
-}
-
-// Maps shared-memory object `name` (read-only unless `writable`); nullptr on failure.
-char* map_named(const std::string& name, bool writable, size_t* len) {
-  int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
-  if (fd < 0) return nullptr;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
-    ::close(fd);
-    return nullptr;
-  }
-  void* p =
-      ::mmap(nullptr, st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return nullptr;
-  *len = static_cast<size_t>(st.st_size);
-  return static_cast<char*>(p);
-}
-
-// Creates, sizes (with the pages reserved, so that a full /dev/shm fails here and not as a
-// SIGBUS later) and maps `name`; nullptr with `error` set on failure.
-char* create_named(const std::string& name, size_t len, std::string& error) {
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    error = "shm_open(" + name + "): " + errno_text();
-    return nullptr;
-  }
-  int rc = ::ftruncate(fd, static_cast<off_t>(len));
-  if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(len));
-  if (rc != 0) {
-    error = "cannot reserve " + std::to_string(len) + " bytes of shared memory (" + name +
-            "): " + std::strerror(rc > 0 ? rc : errno) + " (is /dev/shm full?)";
-    ::close(fd);
-    ::shm_unlink(name.c_str());
-    return nullptr;
-  }
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    error = "mmap(" + name + "): " + errno_text();
-    ::shm_unlink(name.c_str());
-    return nullptr;
-  }
-  return static_cast<char*>(p);
 }
 
 }  // namespace
@@ -154,12 +88,12 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
                                             std::chrono::milliseconds timeout) {
   if (size <= 1) return nullptr;
   empty_graveyard();
-  remove_stale_segments();
+  remove_stale_shm_objects();
   std::unique_ptr<ShmArena> arena(new ShmArena(rank, size));
   const std::string probe = name_of(arena->key_, 0);
   const std::string token = "tdist-shm " + std::to_string(arena->key_) + " " + boot_id();
   std::string error;
-  char* mine = create_named(probe, kProbeBytes, error);
+  char* mine = create_shm_object(probe, kProbeBytes, error);
   if (mine) std::memcpy(mine, token.c_str(), std::min(token.size() + 1, kProbeBytes));
   store.set("gloo/shm/" + std::to_string(rank), mine ? probe + "\n" + token : std::string("-"));
   std::vector<std::string> keys;
@@ -176,7 +110,7 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
         break;
       }
       size_t len = 0;
-      char* theirs = map_named(v.substr(0, nl), false, &len);
+      char* theirs = map_shm_object(v.substr(0, nl), false, &len);
       if (!theirs) {
         ok = false;
         break;
@@ -208,7 +142,7 @@ char* ShmArena::local(size_t bytes, int parity) {
   if (bytes > half_ || !mine_.ptr) {
     const size_t half = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
     const std::string name = name_of(key_, gen_ + 1);
-    char* p = create_named(name, 2 * half, error_);
+    char* p = create_shm_object(name, 2 * half, error_);
     if (!p) return nullptr;
     // Peers keep their own mapping of the previous generation (and its name stays in
     // to_unlink_ until they have mapped it), so dropping ours is safe.
@@ -242,7 +176,7 @@ const char* ShmArena::remote(int peer, uint64_t key, uint64_t gen, int parity, s
     if (m.ptr) ::munmap(m.ptr, m.len);
     m = Mapping{};
     size_t len = 0;
-    char* p = map_named(name_of(key, gen), false, &len);
+    char* p = map_shm_object(name_of(key, gen), false, &len);
     if (!p) {
       TDIST_THROW(DistBackendError,
                   "rank " + std::to_string(rank_) + ": gloo cannot map the shared memory of rank " +

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/symmetric_registry.h"
 #include "tdist/store/store.h"
 
 namespace tdist::detail {
@@ -70,6 +71,9 @@ class ShmArena {
   /// `bytes` long; maps it on first use. Throws DistBackendError when it cannot.
   const char* remote(int peer, uint64_t key, uint64_t gen, int parity, size_t bytes);
 
+  /// Mappings of the peers' symmetric-memory tensors (symmetric_collectives.h).
+  SymmetricMappings& symmetric() { return symmetric_; }
+
  private:
   ShmArena(int rank, int size);
   struct Mapping {
@@ -94,6 +98,7 @@ class ShmArena {
   std::vector<Mapping> peers_;
   std::vector<Announced> to_unlink_;
   std::string error_;
+  SymmetricMappings symmetric_;
 };
 
 }  // namespace tdist::detail

@@ -7,6 +7,7 @@
 
 #include "comm/gloo/collective_common.h"
 #include "comm/gloo/ring.h"
+#include "comm/gloo/symmetric_collectives.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {
@@ -32,6 +33,7 @@ std::vector<char*> publish(Exchange& ex, ShmArena& arena, Header header,
   }
   std::vector<Header> headers = ex.handshake(header, send, recv);
   arena.peers_synced(op);
+  check_symmetric_agreement(ex, headers, false);
   for (int p = 0; p < n; ++p) {
     if (headers[p].shm_key != 0) continue;
     TDIST_THROW(DistBackendError,
@@ -59,8 +61,9 @@ at::Tensor view_of(char* ptr, at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::from_blob(ptr, sizes, at::TensorOptions().dtype(dtype));
 }
 
-// One-byte notification to and from every peer (key unique within the collective).
-void notify_all(Exchange& ex, uint64_t key) {
+}  // namespace
+
+void shm_notify_all(Exchange& ex, uint64_t key) {
   const int n = ex.size();
   static const char kByte = 1;
   std::vector<char> in(n);
@@ -72,8 +75,6 @@ void notify_all(Exchange& ex, uint64_t key) {
   }
   ex.wait_all();
 }
-
-}  // namespace
 
 namespace {
 
@@ -121,6 +122,10 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   const int n = ex.size();
   const int r = ex.rank();
   const auto acc = accumulation_dtype(t.scalar_type());
+  if (SymmetricRef ref = symmetric_ref(t, acc); ref.id != 0) {
+    symmetric_all_reduce(ex, arena, t, op, ref);
+    return;
+  }
   if (!(t.is_contiguous() && t.scalar_type() == acc)) {
     reduce_whole(ex, arena, t, op, acc);
     return;
@@ -152,13 +157,17 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
     std::memcpy(data + offset[r] + at, block.data(), k * esz);
     std::memcpy(half[r] + offset[r] + at, block.data(), k * esz);
   }
-  notify_all(ex, kPhase2);
+  shm_notify_all(ex, kPhase2);
   for (int c = 0; c < n; ++c) {
     if (c != r) std::memcpy(data + offset[c], half[c] + offset[c], counts[c] * esz);
   }
 }
 
 void shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
+  if (SymmetricRef ref = symmetric_ref(out, out.scalar_type()); ref.id != 0) {
+    symmetric_all_gather(ex, arena, out, in, ref);
+    return;
+  }
   const int n = ex.size();
   const size_t bytes = in.nbytes();
   auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
@@ -174,6 +183,10 @@ void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
   const int n = ex.size();
   const int r = ex.rank();
   const auto acc = accumulation_dtype(out.scalar_type());
+  if (SymmetricRef ref = symmetric_ref(in, acc); ref.id != 0) {
+    symmetric_reduce_scatter(ex, arena, out, in, op, ref);
+    return;
+  }
   const size_t esz = c10::elementSize(acc);
   const size_t numel = out.numel();
   const size_t chunk = numel * esz;

@@ -14,6 +14,9 @@
 
 namespace tdist::detail {
 
+/// One-byte notification to and from every peer (`key` unique within the collective).
+void shm_notify_all(Exchange& ex, uint64_t key);
+
 /// In place; any dtype/layout the Gloo engine takes (reduced in the accumulation dtype).
 void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);
 /// output holds world_size x input elements, rank c's input at block c.

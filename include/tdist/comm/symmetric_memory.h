@@ -1,0 +1,34 @@
+#pragma once
+
+// Symmetric memory: CPU tensors whose storage is a POSIX shared-memory object that the other
+// ranks on this host can map (the CPU counterpart of torch.distributed._symmetric_memory).
+//
+// A collective whose tensors live in symmetric memory on every rank skips the copy through the
+// engine's staging segments: peers read each other's tensors directly. An all_reduce then
+// moves ~2.5 buffer sizes through memory per rank at world 2 instead of ~4, which is what
+// bounds a large all_reduce on one host. DDP allocates its gradient buckets here when the
+// group allows it.
+//
+// Rules:
+//  - Pass symmetric tensors on every rank of a collective or on none: a mix raises
+//    DistBackendError on every rank (the ranks cannot agree on a path otherwise).
+//  - Any contiguous view works (offsets may differ between ranks).
+//  - Groups that span hosts, or that run with TDIST_GLOO_SHM=0, treat these tensors as
+//    ordinary ones.
+//  - The memory counts against /dev/shm; empty() raises DistBackendError when it is full.
+
+#include <ATen/core/Tensor.h>
+
+namespace tdist::symmetric_memory {
+
+/// An uninitialised CPU tensor of `sizes` in symmetric memory (options: dtype; CPU only).
+at::Tensor empty(at::IntArrayRef sizes, at::TensorOptions options = {});
+
+/// True when `t`'s bytes lie inside one symmetric-memory allocation of this process.
+bool is_symmetric(const at::Tensor& t);
+
+/// Whether symmetric memory can be allocated here (POSIX shared memory usable, not turned off
+/// with TDIST_GLOO_SHM=0).
+bool is_available();
+
+}  // namespace tdist::symmetric_memory

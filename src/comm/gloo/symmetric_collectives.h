@@ -1,0 +1,35 @@
+#pragma once
+
+// all_reduce, reduce_scatter_tensor and all_gather_into_tensor on tensors in symmetric memory
+// (include/tdist/comm/symmetric_memory.h) over the same-host arena: peers read each other's
+// tensors directly instead of staging copies (Note [Symmetric path] in the .cpp).
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/gloo/exchange.h"
+#include "comm/gloo/shm.h"
+#include "comm/symmetric_registry.h"
+#include "tdist/comm/types.h"
+
+namespace tdist::detail {
+
+/// Where `t` lies in symmetric memory when it can take the symmetric path as it is (non-empty,
+/// contiguous, already in the dtype the reduction accumulates in), else id 0.
+SymmetricRef symmetric_ref(const at::Tensor& t, at::ScalarType accumulate);
+
+/// Raises DistBackendError on every rank when some ranks announced a symmetric tensor and
+/// others did not (`headers` from the handshake; `mine` what this rank announced).
+void check_symmetric_agreement(const Exchange& ex, const std::vector<Header>& headers, bool mine);
+
+void symmetric_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op,
+                          SymmetricRef ref);
+/// `ref`: the input's place in symmetric memory.
+void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output,
+                              const at::Tensor& input, ReduceOp op, SymmetricRef ref);
+/// `ref`: the output's place in symmetric memory.
+void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output,
+                          const at::Tensor& input, SymmetricRef ref);
+
+}  // namespace tdist::detail
