@@ -6,6 +6,7 @@
 #include "ddp/training_helpers.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
 #include "tdist/error.h"
@@ -23,8 +24,8 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(std::vector<at::Tensor> params
                                              torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
-/// TDIST_DDP_MODE: plain | buckets (one bucket per tensor) | no_sync | view | zero | fp16 |
-/// bf16.
+/// TDIST_DDP_MODE: plain | tcp (shared memory off) | buckets (one bucket per tensor) | no_sync |
+/// view | zero | fp16 | bf16.
 TDIST_SCENARIO(ddp_parity) {
   tdist::init_process_group();
   const int rank = tdist::get_rank(), world = tdist::get_world_size();
@@ -42,6 +43,15 @@ TDIST_SCENARIO(ddp_parity) {
   if (mode == "plain") EXPECT_EQ(net.bucket_indices().size(), 1u);
   if (mode == "fp16") net.register_comm_hook(ddp::fp16_compress_hook);
   if (mode == "bf16") net.register_comm_hook(ddp::bf16_compress_hook);
+  if (mode == "plain" || mode == "tcp") {
+    // Buckets live in symmetric memory (Note [Buckets in symmetric memory]) unless shared
+    // memory is off ("tcp": TDIST_GLOO_SHM=0); either way training matches.
+    const bool want = mode == "plain";
+    net.register_comm_hook([want, rank](ddp::GradBucket& bucket) {
+      EXPECT_EQ(tdist::symmetric_memory::is_symmetric(bucket.buffer()), want) << "rank " << rank;
+      return ddp::allreduce_hook(bucket);
+    });
+  }
 
   std::unique_ptr<torch::optim::Optimizer> opt;
   std::unique_ptr<ddp::ZeroRedundancyOptimizer> zero;
@@ -218,18 +228,19 @@ class DdpParity : public ::testing::TestWithParam<std::tuple<std::string, int>> 
 
 TEST_P(DdpParity, MatchesSingleProcessTraining) {
   const auto& [mode, world] = GetParam();
-  run("ddp_parity", world, {{"TDIST_DDP_MODE", mode}});
+  std::map<std::string, std::string> env = {{"TDIST_DDP_MODE", mode}};
+  if (mode == "tcp") env["TDIST_GLOO_SHM"] = "0";
+  run("ddp_parity", world, env);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, DdpParity,
-    ::testing::Values(std::make_tuple("plain", 1), std::make_tuple("plain", 2),
-                      std::make_tuple("plain", 3), std::make_tuple("plain", 4),
-                      std::make_tuple("buckets", 3), std::make_tuple("view", 2),
-                      std::make_tuple("no_sync", 2), std::make_tuple("no_sync", 3),
-                      std::make_tuple("no_sync", 4), std::make_tuple("zero", 2),
-                      std::make_tuple("zero", 3), std::make_tuple("zero", 4),
-                      std::make_tuple("fp16", 2), std::make_tuple("bf16", 2)),
+    ::testing::Values(
+        std::make_tuple("plain", 1), std::make_tuple("plain", 2), std::make_tuple("plain", 3),
+        std::make_tuple("plain", 4), std::make_tuple("tcp", 3), std::make_tuple("buckets", 3),
+        std::make_tuple("view", 2), std::make_tuple("no_sync", 2), std::make_tuple("no_sync", 3),
+        std::make_tuple("no_sync", 4), std::make_tuple("zero", 2), std::make_tuple("zero", 3),
+        std::make_tuple("zero", 4), std::make_tuple("fp16", 2), std::make_tuple("bf16", 2)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
     });
