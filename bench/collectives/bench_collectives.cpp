@@ -3,8 +3,12 @@
 // is timed). The parent process spawns `--world` copies of itself on loopback.
 //
 //   bench_collectives [--world 2] [--min-bytes 1024] [--max-bytes 268435456] [--step 4]
-//                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d] [--mpi]
-//                     [--rounds 3]
+//                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d] [--no-symm]
+//                     [--mpi] [--rounds 3]
+//
+// The symm column is tdist's Gloo engine on tensors in symmetric memory
+// (tdist::symmetric_memory::empty; all_reduce, all_gather_into_tensor, reduce_scatter_tensor),
+// where peers read each other's tensors without staging copies; symm_x = its busbw / c10d's.
 //
 // Each size is timed in --rounds rounds of back-to-back iterations; a round's time is the mean
 // per iteration, the slowest rank's; the table shows the best round, for every implementation
@@ -36,6 +40,7 @@
 #include <vector>
 
 #include "tdist/comm/gloo_backend.h"
+#include "tdist/comm/symmetric_memory.h"
 #ifdef TDIST_HAVE_MPI
 #include "tdist/mpi/mpi_backend.h"
 #endif
@@ -54,6 +59,7 @@ struct Config {
                                   "broadcast", "all_to_all_single"};
   bool c10d = true;
   bool mpi = false;
+  bool symmetric = true;  // --no-symm: skip the symmetric-memory column
   int rounds = 3;
 };
 
@@ -73,13 +79,24 @@ struct Impl {
   virtual std::string name() const = 0;
   virtual bool has(const std::string& op) const = 0;
   virtual void run(const std::string& op, at::Tensor& in, at::Tensor& out) = 0;
+  /// Where the tensors under test live.
+  virtual at::Tensor alloc(int64_t numel) { return torch::empty({numel}); }
 };
 
 struct TdistImpl : Impl {
   std::shared_ptr<tdist::CollectiveBackend> b;
   std::string label = "tdist";
+  // Tensors in symmetric memory (tdist::symmetric_memory::empty): no staging copies for the
+  // ops that have a symmetric path.
+  bool symmetric = false;
   std::string name() const override { return label; }
-  bool has(const std::string&) const override { return true; }
+  bool has(const std::string& op) const override {
+    return !symmetric || op == "all_reduce" || op == "all_gather_into_tensor" ||
+           op == "reduce_scatter_tensor";
+  }
+  at::Tensor alloc(int64_t numel) override {
+    return symmetric ? tdist::symmetric_memory::empty({numel}, torch::kFloat) : Impl::alloc(numel);
+  }
   void run(const std::string& op, at::Tensor& in, at::Tensor& out) override {
     if (op == "all_reduce") {
       b->all_reduce(in, {})->wait();
@@ -165,15 +182,16 @@ Result measure(Impl& impl, tdist::CollectiveBackend& sync, const std::string& op
   const int64_t numel = bytes / 4;
   at::Tensor in, out;
   if (op == "all_gather_into_tensor") {
-    in = torch::ones({numel / n});
-    out = torch::empty({numel});
+    in = impl.alloc(numel / n);
+    out = impl.alloc(numel);
   } else if (op == "reduce_scatter_tensor") {
-    in = torch::ones({numel});
-    out = torch::empty({numel / n});
+    in = impl.alloc(numel);
+    out = impl.alloc(numel / n);
   } else {
-    in = torch::ones({numel});
-    out = torch::empty({numel});
+    in = impl.alloc(numel);
+    out = impl.alloc(numel);
   }
+  in.fill_(1);
   const int iters =
       static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
   impl.run(op, in, out);  // warm-up
@@ -204,6 +222,9 @@ int child(const Config& cfg, int rank, const std::string& dir) {
   if (options.interfaces().empty()) options.hostname("127.0.0.1");
   TdistImpl mine;
   mine.b = std::make_shared<tdist::GlooBackend>(store, rank, n, std::chrono::seconds(300), options);
+  TdistImpl symm;
+  symm.b = mine.b;
+  symm.symmetric = cfg.symmetric && options.shared_memory();
   C10dImpl theirs;
   theirs.n = n;
   if (cfg.c10d) {
@@ -217,13 +238,15 @@ int child(const Config& cfg, int rank, const std::string& dir) {
         "# world %d, float32, loopback; tdist channels %d, segment %zu KiB; times are the "
         "max over ranks of the mean per iteration\n",
         n, options.channels(), options.segment_bytes() >> 10);
-    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %8s %6s | %7s\n", "op", "bytes",
-                "tdist_us", "algbw", "busbw", "#wrong", "c10d_us", "algbw", "busbw", "#wrong",
-                "busbw_x");
+    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %10s %8s %8s %6s | %7s %7s\n", "op",
+                "bytes", "tdist_us", "algbw", "busbw", "#wrong", "symm_us", "busbw", "#wrong",
+                "c10d_us", "algbw", "busbw", "#wrong", "busbw_x", "symm_x");
   }
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       Result a = measure(mine, *mine.b, op, bytes, rank, n);
+      Result y;
+      if (symm.symmetric) y = measure(symm, *mine.b, op, bytes, rank, n);
       Result b;
       if (cfg.c10d) b = measure(theirs, *mine.b, op, bytes, rank, n);
       if (rank != 0) continue;
@@ -231,11 +254,21 @@ int child(const Config& cfg, int rank, const std::string& dir) {
       auto alg = [&](const Result& r) { return bytes / (r.time_us * 1e3); };  // GB/s
       std::printf("%-24s %12lld | %10.1f %8.3f %8.3f %6lld | ", op.c_str(), (long long)bytes,
                   a.time_us, alg(a), alg(a) * f, (long long)a.wrong);
-      if (b.ran) {
-        std::printf("%10.1f %8.3f %8.3f %6lld | %7.2f\n", b.time_us, alg(b), alg(b) * f,
-                    (long long)b.wrong, b.time_us / a.time_us);
+      if (y.ran) {
+        std::printf("%10.1f %8.3f %6lld | ", y.time_us, alg(y) * f, (long long)y.wrong);
       } else {
-        std::printf("%10s %8s %8s %6s | %7s\n", "n/a", "", "", "", "");
+        std::printf("%10s %8s %6s | ", "n/a", "", "");
+      }
+      if (b.ran) {
+        std::printf("%10.1f %8.3f %8.3f %6lld | %7.2f ", b.time_us, alg(b), alg(b) * f,
+                    (long long)b.wrong, b.time_us / a.time_us);
+        if (y.ran) {
+          std::printf("%7.2f\n", b.time_us / y.time_us);
+        } else {
+          std::printf("%7s\n", "");
+        }
+      } else {
+        std::printf("%10s %8s %8s %6s | %7s %7s\n", "n/a", "", "", "", "", "");
       }
       std::fflush(stdout);
     }
@@ -346,6 +379,8 @@ int main(int argc, char** argv) {
       cfg.ops = split(next());
     } else if (a == "--no-c10d") {
       cfg.c10d = false;
+    } else if (a == "--no-symm") {
+      cfg.symmetric = false;
     } else if (a == "--mpi") {
       cfg.mpi = true;
     } else if (a == "--rounds") {
@@ -353,7 +388,8 @@ int main(int argc, char** argv) {
     } else {
       std::cerr << "usage: " << argv[0]
                 << " [--world N] [--min-bytes B] [--max-bytes B] [--step K] [--ops a,b]"
-                   " [--no-c10d] [--mpi] [--rounds R]\n  env: TDIST_GLOO_CHANNELS, TDIST_GLOO_SHM, "
+                   " [--no-c10d] [--no-symm] [--mpi] [--rounds R]\n  env: TDIST_GLOO_CHANNELS, "
+                   "TDIST_GLOO_SHM, "
                    "GLOO_SOCKET_IFNAME\n";
       return a == "--help" ? 0 : 2;
     }
