@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,8 @@ namespace tdist::detail {
 namespace {
 
 constexpr size_t kProbeBytes = 4096;
+// The probe page holds the identity token below this offset and the flag at it.
+constexpr size_t kFlagOffset = 2048;
 constexpr size_t kAlign = size_t(1) << 20;  // halves grow in whole MiB
 
 std::string boot_id() {
@@ -51,7 +54,23 @@ std::string ShmArena::name_of(uint64_t key, uint64_t gen) {
 }
 
 ShmArena::ShmArena(int rank, int size)
-    : rank_(rank), size_(size), key_(random_key()), peers_(size) {}
+    : rank_(rank), size_(size), key_(random_key()), peers_(size), peer_probes_(size, nullptr) {}
+
+namespace {
+std::atomic<uint64_t>* flag_in(const char* probe) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(const_cast<char*>(probe) + kFlagOffset);
+}
+}  // namespace
+
+uint64_t ShmArena::arrive() {
+  const uint64_t number = ++notified_;
+  flag_in(probe_)->store(number, std::memory_order_release);
+  return number;
+}
+
+bool ShmArena::arrived(int peer, uint64_t number) const {
+  return flag_in(peer_probes_[peer])->load(std::memory_order_acquire) >= number;
+}
 
 namespace {
 
@@ -77,6 +96,10 @@ void bury(std::string name) {
 }  // namespace
 
 ShmArena::~ShmArena() {
+  if (probe_) ::munmap(probe_, kProbeBytes);
+  for (const char* p : peer_probes_) {
+    if (p) ::munmap(const_cast<char*>(p), kProbeBytes);
+  }
   if (mine_.ptr) ::munmap(mine_.ptr, mine_.len);
   for (auto& m : peers_) {
     if (m.ptr) ::munmap(m.ptr, m.len);
@@ -94,7 +117,8 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
   const std::string token = "tdist-shm " + std::to_string(arena->key_) + " " + boot_id();
   std::string error;
   char* mine = create_shm_object(probe, kProbeBytes, error);
-  if (mine) std::memcpy(mine, token.c_str(), std::min(token.size() + 1, kProbeBytes));
+  if (mine) std::memcpy(mine, token.c_str(), std::min(token.size() + 1, kFlagOffset));
+  arena->probe_ = mine;  // kept: its page carries this rank's notification flag
   store.set("gloo/shm/" + std::to_string(rank), mine ? probe + "\n" + token : std::string("-"));
   std::vector<std::string> keys;
   for (int p = 0; p < size; ++p) keys.push_back("gloo/shm/" + std::to_string(p));
@@ -115,8 +139,12 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
         ok = false;
         break;
       }
-      ok = std::strncmp(theirs, v.c_str() + nl + 1, len) == 0;
-      ::munmap(theirs, len);
+      ok = len == kProbeBytes && std::strncmp(theirs, v.c_str() + nl + 1, kFlagOffset) == 0;
+      if (len == kProbeBytes) {
+        arena->peer_probes_[p] = theirs;
+      } else {
+        ::munmap(theirs, len);
+      }
     }
     store.set("gloo/shm_ok/" + std::to_string(rank), std::string(ok ? "1" : "0"));
     std::vector<std::string> oks;
@@ -124,16 +152,11 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
     store.wait(oks, timeout);
     for (int p = 0; p < size && ok; ++p) ok = store.get_string(oks[p]) == "1";
   } catch (...) {
-    if (mine) {
-      ::munmap(mine, kProbeBytes);
-      ::shm_unlink(probe.c_str());
-    }
+    if (mine) ::shm_unlink(probe.c_str());
     throw;
   }
-  if (mine) {
-    ::munmap(mine, kProbeBytes);
-    ::shm_unlink(probe.c_str());
-  }
+  // Every peer has mapped it (or given up): the name can go, the pages stay while mapped.
+  if (mine) ::shm_unlink(probe.c_str());
   if (!ok) return nullptr;
   return arena;
 }

@@ -71,6 +71,17 @@ class ShmArena {
   /// `bytes` long; maps it on first use. Throws DistBackendError when it cannot.
   const char* remote(int peer, uint64_t key, uint64_t gen, int parity, size_t bytes);
 
+  // Note [Flag notifications]: a "this rank is past phase X" notification inside a
+  // shared-memory collective is a counter in this rank's probe page (mapped by every peer at
+  // connect), not a TCP round trip through gloo: arrive() publishes this rank's next number
+  // (release), arrived() reads a peer's (acquire). Every rank runs the same collectives with
+  // the same notifications in the same order, so the numbers agree; a rank that never
+  // arrives is caught by the waiter's deadline and dead-peer probe (shm_notify_all).
+  /// Publishes this rank's next notification; returns its number (1, 2, ...).
+  uint64_t arrive();
+  /// Whether `peer` has published notification `number`.
+  bool arrived(int peer, uint64_t number) const;
+
   /// Mappings of the peers' symmetric-memory tensors (symmetric_collectives.h).
   SymmetricMappings& symmetric() { return symmetric_; }
 
@@ -99,6 +110,9 @@ class ShmArena {
   std::vector<Announced> to_unlink_;
   std::string error_;
   SymmetricMappings symmetric_;
+  char* probe_ = nullptr;                 // this rank's probe page (its flag)
+  std::vector<const char*> peer_probes_;  // the peers' probe pages
+  uint64_t notified_ = 0;
 };
 
 }  // namespace tdist::detail

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include <ATen/ATen.h>
 
@@ -63,17 +64,64 @@ at::Tensor view_of(char* ptr, at::IntArrayRef sizes, at::ScalarType dtype) {
 
 }  // namespace
 
-void shm_notify_all(Exchange& ex, uint64_t key) {
-  const int n = ex.size();
-  static const char kByte = 1;
-  std::vector<char> in(n);
-  for (int p = 0; p < n; ++p) {
-    if (p != ex.rank()) ex.post_recv(p, &in[p], 1, key, 0);
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Waits for `peer`'s notification `number`: a short spin (the peer is usually there
+// already), then yielding the core (ranks may outnumber cores), against the collective's
+// deadline and with the dead-peer probe every 100 ms.
+void wait_for(Exchange& ex, ShmArena& arena, int peer, uint64_t number) {
+  for (int i = 0; i < 256; ++i) {
+    if (arena.arrived(peer, number)) return;
+    cpu_relax();
   }
-  for (int p = 0; p < n; ++p) {
-    if (p != ex.rank()) ex.post_send(p, &kByte, 1, key, 0);
+  auto next_probe = Clock::now() + std::chrono::milliseconds(100);
+  while (!arena.arrived(peer, number)) {
+    std::this_thread::yield();
+    const auto now = Clock::now();
+    auto what = [&] {
+      return rank_prefix(ex.rank(), ex.info().op) + "#" + std::to_string(ex.info().seq) +
+             " waiting for rank " + std::to_string(peer) + " in shared memory: ";
+    };
+    if (now >= ex.info().deadline) {
+      TDIST_THROW(TimeoutError, what() + "timed out after " +
+                                    std::to_string(ex.info().timeout.count()) +
+                                    " ms (is it stopped, hung or running other collectives?); "
+                                    "the group is now broken");
+    }
+    if (now >= next_probe) {
+      if (std::exception_ptr error = ex.comm().peer_error(peer)) {
+        std::string why = "connection failed";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          why = e.what();
+        } catch (...) {
+        }
+        TDIST_THROW(NetworkError, what() +
+                                      "lost the connection to it (the peer died or closed "
+                                      "the group); the group is now broken: " +
+                                      why);
+      }
+      next_probe = now + std::chrono::milliseconds(100);
+    }
   }
-  ex.wait_all();
+}
+
+}  // namespace
+
+void shm_notify_all(Exchange& ex, ShmArena& arena) {
+  const uint64_t number = arena.arrive();
+  for (int p = 0; p < ex.size(); ++p) {
+    if (p != ex.rank()) wait_for(ex, arena, p, number);
+  }
 }
 
 namespace {
@@ -157,7 +205,7 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
     std::memcpy(data + offset[r] + at, block.data(), k * esz);
     std::memcpy(half[r] + offset[r] + at, block.data(), k * esz);
   }
-  shm_notify_all(ex, kPhase2);
+  shm_notify_all(ex, arena);
   for (int c = 0; c < n; ++c) {
     if (c != r) std::memcpy(data + offset[c], half[c] + offset[c], counts[c] * esz);
   }

@@ -14,8 +14,9 @@
 
 namespace tdist::detail {
 
-/// One-byte notification to and from every peer (`key` unique within the collective).
-void shm_notify_all(Exchange& ex, uint64_t key);
+/// Tells every peer this rank is past the current phase and waits until every peer is
+/// (Note [Flag notifications] in shm.h).
+void shm_notify_all(Exchange& ex, ShmArena& arena);
 
 /// In place; any dtype/layout the Gloo engine takes (reduced in the accumulation dtype).
 void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);

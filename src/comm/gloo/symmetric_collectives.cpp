@@ -29,7 +29,6 @@ namespace tdist::detail {
 
 namespace {
 
-constexpr uint64_t kPeersDone = kPhase2 + 1;
 constexpr size_t kBlockBytes = size_t(64) << 10;
 
 // Every rank's tensor (this rank's own at index rank), `bytes` long, from the headers.
@@ -105,11 +104,11 @@ void symmetric_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp
     std::memcpy(data + at, block.data(), k * esz);
   }
   finish_average(op, data + offset[r], counts[r], dtype, n);
-  shm_notify_all(ex, kPhase2);
+  shm_notify_all(ex, arena);
   for (int c = 0; c < n; ++c) {
     if (c != r) std::memcpy(data + offset[c], views[c] + offset[c], counts[c] * esz);
   }
-  shm_notify_all(ex, kPeersDone);
+  shm_notify_all(ex, arena);
 }
 
 void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
@@ -131,7 +130,7 @@ void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, co
     for (int p = 2; p < n; ++p) fn(dst, dst, views[p] + r * chunk, numel);
   }
   finish_average(op, dst, numel, dtype, n);
-  shm_notify_all(ex, kPeersDone);
+  shm_notify_all(ex, arena);
   unstage(out, work);
 }
 
@@ -152,7 +151,7 @@ void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const 
   for (int c = 0; c < n; ++c) {
     if (c != r) std::memcpy(data + c * bytes, views[c] + c * bytes, bytes);
   }
-  shm_notify_all(ex, kPeersDone);
+  shm_notify_all(ex, arena);
 }
 
 }  // namespace tdist::detail
