@@ -133,6 +133,49 @@ TEST_P(GlooShm, SizeMismatchRaisesOnEveryRankWithoutAborting) {
       with_shm(shm), std::chrono::seconds(10));
 }
 
+// A collective too large for the shared memory a rank may use moves over TCP on every rank
+// (Note [Falling back to TCP]) instead of raising; smaller ones keep using shared memory.
+TEST_P(GlooShm, CollectivesBeyondTheSharedMemoryLimitFallBackToTcp) {
+  const int world = std::get<0>(GetParam());
+  if (!std::get<1>(GetParam())) GTEST_SKIP() << "shared memory off";
+  ::setenv("TDIST_GLOO_SHM_MAX_BYTES", "4194304", 1);  // halves of at most 2 MiB
+  run_gloo(
+      world,
+      [&](GlooBackend& b, int rank, int n) {
+        EXPECT_TRUE(b.uses_shared_memory());
+        const float tri = n * (n + 1) / 2.0f;
+        for (int64_t numel : {int64_t(1) << 18, int64_t(3) << 20, int64_t(1) << 10}) {
+          const std::string what = std::to_string(numel * 4) + " bytes";
+          at::Tensor t = torch::full({numel}, float(rank + 1));
+          b.all_reduce(t, {})->wait();
+          EXPECT_TRUE(torch::all(t == tri).item<bool>()) << "all_reduce " << what;
+          at::Tensor mine = torch::full({numel}, float(rank));
+          at::Tensor all = torch::empty({numel * n});
+          b.all_gather_into_tensor(all, mine, {})->wait();
+          at::Tensor scattered = torch::empty({numel});
+          b.reduce_scatter_tensor(scattered, all, {})->wait();
+          at::Tensor root = torch::full({numel}, float(rank == 1 ? 7 : 0));
+          BroadcastOptions bc;
+          bc.root = 1;
+          b.broadcast(root, bc)->wait();
+          at::Tensor swapped = torch::empty({numel * n});
+          b.all_to_all_single(swapped, all, {}, {}, {})->wait();
+          for (int c = 0; c < n; ++c) {
+            EXPECT_TRUE(torch::all(all.narrow(0, c * numel, numel) == float(c)).item<bool>())
+                << "all_gather " << what;
+            EXPECT_TRUE(torch::all(swapped.narrow(0, c * numel, numel) == float(rank)).item<bool>())
+                << "all_to_all " << what;
+          }
+          EXPECT_TRUE(torch::all(scattered == float(n * rank)).item<bool>())
+              << "reduce_scatter " << what;
+          EXPECT_TRUE(torch::all(root == 7.0f).item<bool>()) << "broadcast " << what;
+        }
+        EXPECT_FALSE(b.is_broken());
+      },
+      with_shm(true));
+  ::unsetenv("TDIST_GLOO_SHM_MAX_BYTES");
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooShm,
                          ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
                          [](const auto& info) {
@@ -163,6 +206,20 @@ TEST(GlooShmProcesses, ExitRightAfterAGrowingCollective) {
       expect_all_ok(run_ranks_as_processes("shm_exit_after_growing_collective", world, options));
     }
   }
+}
+
+TEST(GlooShmOptions, MalformedMemoryLimitIsAnError) {
+  ::setenv("TDIST_GLOO_SHM_MAX_BYTES", "lots", 1);
+  try {
+    run_gloo(
+        2, [](GlooBackend&, int, int) {}, with_shm(true));
+    ADD_FAILURE() << "a malformed TDIST_GLOO_SHM_MAX_BYTES was accepted";
+  } catch (const std::exception& e) {  // the harness rethrows it prefixed with the rank
+    EXPECT_NE(std::string(e.what()).find("TDIST_GLOO_SHM_MAX_BYTES must be a number of bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("TDIST_GLOO_SHM_MAX_BYTES");
 }
 
 TEST(GlooShmOptions, EnvironmentTurnsItOff) {

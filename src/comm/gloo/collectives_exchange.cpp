@@ -89,11 +89,12 @@ WorkPtr GlooBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inp
   return enqueue(Lane::kCollective, op, {output},
                  [this, op, out = output, in = input, send, recv, even, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
-                   if (ShmArena* arena = comm().shm(); arena && even) {
-                     shm_all_to_all(ex, *arena, out, in, send, recv);
-                     return;
+                   ShmArena* arena = comm().shm();
+                   if (arena && even) {
+                     if (shm_all_to_all(ex, *arena, out, in, send, recv)) return;
+                   } else {
+                     ex.handshake(header_for(in, 0), send, recv);
                    }
-                   ex.handshake(header_for(in, 0), send, recv);
                    at::Tensor src = staged(in, in.scalar_type());
                    at::Tensor work = staged_output(out, out.scalar_type());
                    std::vector<const char*> sp(size_);

@@ -21,10 +21,10 @@ WorkPtr GlooBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts)
                  [this, op, t = tensor, root = opts.root, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
                    if (ShmArena* arena = comm().shm()) {
-                     shm_broadcast(ex, *arena, t, root);
-                     return;
+                     if (shm_broadcast(ex, *arena, t, root)) return;
+                   } else {
+                     ex.handshake(header_for(t, t.numel(), -1, root), {}, {});
                    }
-                   ex.handshake(header_for(t, t.numel(), -1, root), {}, {});
                    at::Tensor work = staged(t, t.scalar_type());
                    chain_broadcast(ex, bytes_of(work), work.nbytes(), root, kPhase1);
                    if (rank_ != root) unstage(t, work);
@@ -58,10 +58,10 @@ WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor
                  [this, op, out = output, in = input, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
                    if (ShmArena* arena = comm().shm()) {
-                     shm_all_gather(ex, *arena, out, in);
-                     return;
+                     if (shm_all_gather(ex, *arena, out, in)) return;
+                   } else {
+                     ex.handshake(header_for(in, in.numel()), {}, {});
                    }
-                   ex.handshake(header_for(in, in.numel()), {}, {});
                    at::Tensor src = staged(in, in.scalar_type());
                    at::Tensor work = staged_output(out, out.scalar_type());
                    const size_t bytes = src.nbytes();

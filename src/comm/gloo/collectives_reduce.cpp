@@ -71,10 +71,10 @@ WorkPtr GlooBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts
                  [this, op, t = tensor, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
                    if (ShmArena* arena = comm().shm()) {
-                     shm_all_reduce(ex, *arena, t, rop);
-                     return;
+                     if (shm_all_reduce(ex, *arena, t, rop)) return;
+                   } else {
+                     ex.handshake(header_for(t, t.numel(), static_cast<int>(rop)), {}, {});
                    }
-                   ex.handshake(header_for(t, t.numel(), static_cast<int>(rop)), {}, {});
                    at::Tensor work = staged(t, accumulation_dtype(t.scalar_type()));
                    all_reduce_flat(ex, work, rop);
                    unstage(t, work);
@@ -185,10 +185,10 @@ WorkPtr GlooBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor&
                  [this, op, out = output, in = input, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
                    if (ShmArena* arena = comm().shm()) {
-                     shm_reduce_scatter(ex, *arena, out, in, rop);
-                     return;
+                     if (shm_reduce_scatter(ex, *arena, out, in, rop)) return;
+                   } else {
+                     ex.handshake(header_for(out, out.numel(), static_cast<int>(rop)), {}, {});
                    }
-                   ex.handshake(header_for(out, out.numel(), static_cast<int>(rop)), {}, {});
                    const auto acc = accumulation_dtype(out.scalar_type());
                    at::Tensor src = staged(in, acc);
                    at::Tensor work = staged_output(out, acc);

@@ -3,16 +3,21 @@
 #include "comm/shm_object.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <random>
 
@@ -53,23 +58,66 @@ std::string ShmArena::name_of(uint64_t key, uint64_t gen) {
   return buf;
 }
 
+namespace {
+
+// TDIST_GLOO_SHM_MAX_BYTES: the most shared memory one group's segment may take on this rank.
+size_t max_segment_bytes() {
+  const char* env = std::getenv("TDIST_GLOO_SHM_MAX_BYTES");
+  if (!env || !*env) return std::numeric_limits<size_t>::max();
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  TDIST_CHECK_ARG(
+      errno == 0 && end && *end == '\0' && env[0] != '-',
+      "TDIST_GLOO_SHM_MAX_BYTES must be a number of bytes, got '" + std::string(env) + "'");
+  return static_cast<size_t>(v);
+}
+
+}  // namespace
+
 ShmArena::ShmArena(int rank, int size)
-    : rank_(rank), size_(size), key_(random_key()), peers_(size), peer_probes_(size, nullptr) {}
+    : rank_(rank),
+      size_(size),
+      key_(random_key()),
+      peers_(size),
+      peer_probes_(size, nullptr),
+      max_half_(max_segment_bytes() / 2) {}
+
+void ShmArena::warn_fallback(size_t bytes) {
+  if (warned_) return;
+  warned_ = true;
+  std::fprintf(stderr,
+               "tdist: rank %d: no shared memory for a %zu-byte collective (%s); it and any "
+               "like it move over TCP, slower (free /dev/shm, raise TDIST_GLOO_SHM_MAX_BYTES, or "
+               "set TDIST_GLOO_SHM=0 to silence this)\n",
+               rank_, bytes, error_.c_str());
+}
 
 namespace {
-std::atomic<uint64_t>* flag_in(const char* probe) {
-  return reinterpret_cast<std::atomic<uint64_t>*>(const_cast<char*>(probe) + kFlagOffset);
+std::atomic<uint32_t>* flag_in(const char* probe) {
+  return reinterpret_cast<std::atomic<uint32_t>*>(const_cast<char*>(probe) + kFlagOffset);
 }
 }  // namespace
 
-uint64_t ShmArena::arrive() {
-  const uint64_t number = ++notified_;
-  flag_in(probe_)->store(number, std::memory_order_release);
+uint32_t ShmArena::arrive() {
+  const uint32_t number = ++notified_;
+  std::atomic<uint32_t>* flag = flag_in(probe_);
+  flag->store(number, std::memory_order_release);
+  // Shared (not private) futex: the sleepers are other processes.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(flag), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   return number;
 }
 
-bool ShmArena::arrived(int peer, uint64_t number) const {
-  return flag_in(peer_probes_[peer])->load(std::memory_order_acquire) >= number;
+uint32_t ShmArena::flag(int peer) const {
+  return flag_in(peer_probes_[peer])->load(std::memory_order_acquire);
+}
+
+void ShmArena::sleep_on(int peer, uint32_t seen, std::chrono::microseconds timeout) const {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000) * 1000;
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(flag_in(peer_probes_[peer])), FUTEX_WAIT, seen,
+            &ts, nullptr, 0);
 }
 
 namespace {
@@ -134,7 +182,7 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
         break;
       }
       size_t len = 0;
-      char* theirs = map_shm_object(v.substr(0, nl), false, &len);
+      char* theirs = map_shm_object(v.substr(0, nl), true, &len);  // writable: futex
       if (!theirs) {
         ok = false;
         break;
@@ -164,6 +212,11 @@ std::unique_ptr<ShmArena> ShmArena::connect(Store& store, int rank, int size,
 char* ShmArena::local(size_t bytes, int parity) {
   if (bytes > half_ || !mine_.ptr) {
     const size_t half = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (half > max_half_) {
+      error_ = "a segment of 2 x " + std::to_string(half) +
+               " bytes would exceed TDIST_GLOO_SHM_MAX_BYTES=" + std::to_string(2 * max_half_);
+      return nullptr;
+    }
     const std::string name = name_of(key_, gen_ + 1);
     char* p = create_shm_object(name, 2 * half, error_);
     if (!p) return nullptr;

@@ -55,13 +55,17 @@ class ShmArena {
   uint64_t begin_op() { return ++ops_; }
 
   /// This rank's half `parity`, at least `bytes` long (grows the segment when needed).
-  /// Returns nullptr when the memory cannot be had (/dev/shm full); the caller announces
-  /// that in its header (key 0) so that every rank raises.
+  /// Returns nullptr when the memory cannot be had (/dev/shm full, or the segment would
+  /// outgrow TDIST_GLOO_SHM_MAX_BYTES); the caller announces that in its header (key 0) and
+  /// every rank moves that collective over TCP.
   char* local(size_t bytes, int parity);
   uint64_t key() const { return key_; }
   uint64_t generation() const { return gen_; }
   /// Why the last local() failed.
   const std::string& last_error() const { return error_; }
+  /// Says once per arena on stderr that a collective of `bytes` moved over TCP for lack of
+  /// shared memory (Note [Falling back to TCP]).
+  void warn_fallback(size_t bytes);
 
   /// Call once every peer's header of collective `op` has arrived: unlinks the names
   /// announced in earlier collectives (every peer has mapped them).
@@ -74,13 +78,18 @@ class ShmArena {
   // Note [Flag notifications]: a "this rank is past phase X" notification inside a
   // shared-memory collective is a counter in this rank's probe page (mapped by every peer at
   // connect), not a TCP round trip through gloo: arrive() publishes this rank's next number
-  // (release), arrived() reads a peer's (acquire). Every rank runs the same collectives with
-  // the same notifications in the same order, so the numbers agree; a rank that never
-  // arrives is caught by the waiter's deadline and dead-peer probe (shm_notify_all).
-  /// Publishes this rank's next notification; returns its number (1, 2, ...).
-  uint64_t arrive();
-  /// Whether `peer` has published notification `number`.
-  bool arrived(int peer, uint64_t number) const;
+  // (release) and wakes the peers sleeping on it (a shared futex), flag() reads a peer's
+  // (acquire). Every rank runs the same collectives with the same notifications in the same
+  // order, so the numbers agree (compared modulo 2^32). Waiters spin only briefly, then sleep
+  // on the futex: ranks often outnumber cores, and a spinning waiter would take the core from
+  // the very peer it waits for. A rank that never arrives is caught by the waiter's deadline
+  // and dead-peer probe (shm_notify_all).
+  /// Publishes this rank's next notification; returns its number.
+  uint32_t arrive();
+  /// `peer`'s latest notification number.
+  uint32_t flag(int peer) const;
+  /// Sleeps until `peer`'s flag may have moved from `seen`, at most `timeout`.
+  void sleep_on(int peer, uint32_t seen, std::chrono::microseconds timeout) const;
 
   /// Mappings of the peers' symmetric-memory tensors (symmetric_collectives.h).
   SymmetricMappings& symmetric() { return symmetric_; }
@@ -111,8 +120,10 @@ class ShmArena {
   std::string error_;
   SymmetricMappings symmetric_;
   char* probe_ = nullptr;                 // this rank's probe page (its flag)
-  std::vector<const char*> peer_probes_;  // the peers' probe pages
-  uint64_t notified_ = 0;
+  std::vector<const char*> peer_probes_;  // the peers' probe pages (their flags)
+  uint32_t notified_ = 0;
+  size_t max_half_;  // TDIST_GLOO_SHM_MAX_BYTES / 2 (no limit by default)
+  bool warned_ = false;
 };
 
 }  // namespace tdist::detail

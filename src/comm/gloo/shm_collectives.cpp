@@ -15,9 +15,16 @@ namespace tdist::detail {
 
 namespace {
 
+// Note [Falling back to TCP]: a rank that cannot get a large enough segment (/dev/shm full, as
+// with Docker's default 64 MiB, or over TDIST_GLOO_SHM_MAX_BYTES) announces key 0 in its
+// header. Every rank sees every header, so all of them agree to move this collective's data
+// over TCP instead (the handshake is done; the caller runs the TCP algorithm), and later
+// collectives try shared memory again. The rank that lacked memory says so once on stderr.
+
 // Fills this rank's half of the arena (through `fill`), runs the header handshake announcing
 // it (with per-peer payload sizes, when given, for the pairwise check) and returns every
-// rank's half (this rank's own at index rank), mapped and at least need[p] long.
+// rank's half (this rank's own at index rank), mapped and at least need[p] long; empty when
+// some rank has no segment (fall back to TCP).
 std::vector<char*> publish(Exchange& ex, ShmArena& arena, Header header,
                            const std::vector<size_t>& need, const std::function<void(char*)>& fill,
                            const std::vector<int64_t>& send = {},
@@ -37,11 +44,8 @@ std::vector<char*> publish(Exchange& ex, ShmArena& arena, Header header,
   check_symmetric_agreement(ex, headers, false);
   for (int p = 0; p < n; ++p) {
     if (headers[p].shm_key != 0) continue;
-    TDIST_THROW(DistBackendError,
-                rank_prefix(r, ex.info().op) + "rank " + std::to_string(p) +
-                    " could not get shared memory for " + std::to_string(need[p]) + " bytes" +
-                    (p == r ? ": " + arena.last_error() : std::string(" (see its error)")) +
-                    "; free /dev/shm or set TDIST_GLOO_SHM=0 to move data over TCP");
+    if (p == r) arena.warn_fallback(need[p]);
+    return {};
   }
   // Every announced segment is mapped now, even one this collective does not read: its owner
   // unlinks the name once this rank's next header arrives (ShmArena::peers_synced).
@@ -74,17 +78,23 @@ inline void cpu_relax() {
 #endif
 }
 
+// Whether notification `flag` is at or past `number` (modulo 2^32).
+bool reached(uint32_t flag, uint32_t number) {
+  return static_cast<int32_t>(flag - number) >= 0;
+}
+
 // Waits for `peer`'s notification `number`: a short spin (the peer is usually there
-// already), then yielding the core (ranks may outnumber cores), against the collective's
+// already), then sleeping on its flag (Note [Flag notifications]), against the collective's
 // deadline and with the dead-peer probe every 100 ms.
-void wait_for(Exchange& ex, ShmArena& arena, int peer, uint64_t number) {
+void wait_for(Exchange& ex, ShmArena& arena, int peer, uint32_t number) {
   for (int i = 0; i < 256; ++i) {
-    if (arena.arrived(peer, number)) return;
+    if (reached(arena.flag(peer), number)) return;
     cpu_relax();
   }
   auto next_probe = Clock::now() + std::chrono::milliseconds(100);
-  while (!arena.arrived(peer, number)) {
-    std::this_thread::yield();
+  for (;;) {
+    const uint32_t seen = arena.flag(peer);
+    if (reached(seen, number)) return;
     const auto now = Clock::now();
     auto what = [&] {
       return rank_prefix(ex.rank(), ex.info().op) + "#" + std::to_string(ex.info().seq) +
@@ -112,13 +122,17 @@ void wait_for(Exchange& ex, ShmArena& arena, int peer, uint64_t number) {
       }
       next_probe = now + std::chrono::milliseconds(100);
     }
+    const auto until = std::min(next_probe, ex.info().deadline);
+    arena.sleep_on(peer, seen,
+                   std::chrono::duration_cast<std::chrono::microseconds>(until - now) +
+                       std::chrono::microseconds(1));
   }
 }
 
 }  // namespace
 
 void shm_notify_all(Exchange& ex, ShmArena& arena) {
-  const uint64_t number = arena.arrive();
+  const uint32_t number = arena.arrive();
   for (int p = 0; p < ex.size(); ++p) {
     if (p != ex.rank()) wait_for(ex, arena, p, number);
   }
@@ -141,12 +155,13 @@ void copy_into(char* dst, const at::Tensor& src, at::ScalarType dtype) {
 
 // The whole buffer reduced by every rank from every half, in rank order: one synchronisation,
 // used when the tensor needs a working copy anyway (non-contiguous, or reduced in a wider dtype).
-void reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at::ScalarType acc) {
+bool reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at::ScalarType acc) {
   const int n = ex.size();
   const size_t numel = t.numel();
   auto half =
       publish(ex, arena, header_for(t, numel, static_cast<int>(op)),
               everyone(n, numel * c10::elementSize(acc)), [&](char* p) { copy_into(p, t, acc); });
+  if (half.empty()) return false;
   const ReduceFn fn = make_reduce_fn(op, acc);
   at::Tensor work = staged_output(t, acc);
   char* dst = bytes_of(work);
@@ -156,6 +171,7 @@ void reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at:
   }
   finish_average(op, dst, numel, acc, n);
   unstage(t, work);
+  return true;
 }
 
 }  // namespace
@@ -166,18 +182,15 @@ void reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at:
 // halves, publishes that result, and after one notification copies the other chunks back.
 // Per rank that moves about 4 buffer sizes through memory instead of 3 + world size, which is
 // what bounds a large all_reduce on one host.
-void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
+bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   const int n = ex.size();
   const int r = ex.rank();
   const auto acc = accumulation_dtype(t.scalar_type());
   if (SymmetricRef ref = symmetric_ref(t, acc); ref.id != 0) {
     symmetric_all_reduce(ex, arena, t, op, ref);
-    return;
+    return true;
   }
-  if (!(t.is_contiguous() && t.scalar_type() == acc)) {
-    reduce_whole(ex, arena, t, op, acc);
-    return;
-  }
+  if (!(t.is_contiguous() && t.scalar_type() == acc)) return reduce_whole(ex, arena, t, op, acc);
   const size_t esz = c10::elementSize(acc);
   const size_t numel = t.numel();
   const auto counts = even_chunks(numel, n);
@@ -190,6 +203,7 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
                           if (c != r) std::memcpy(p + offset[c], data + offset[c], counts[c] * esz);
                         }
                       });
+  if (half.empty()) return false;
   const ReduceFn fn = make_reduce_fn(op, acc);
   std::vector<char> block(std::min(kBlockBytes, std::max<size_t>(counts[r] * esz, 1)));
   const size_t per_block = std::max<size_t>(block.size() / esz, 1);
@@ -209,37 +223,41 @@ void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   for (int c = 0; c < n; ++c) {
     if (c != r) std::memcpy(data + offset[c], half[c] + offset[c], counts[c] * esz);
   }
+  return true;
 }
 
-void shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
+bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
   if (SymmetricRef ref = symmetric_ref(out, out.scalar_type()); ref.id != 0) {
     symmetric_all_gather(ex, arena, out, in, ref);
-    return;
+    return true;
   }
   const int n = ex.size();
   const size_t bytes = in.nbytes();
   auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
                       [&](char* p) { copy_into(p, in, in.scalar_type()); });
+  if (half.empty()) return false;
   at::Tensor work = staged_output(out, out.scalar_type());
   char* dst = bytes_of(work);
   for (int c = 0; c < n; ++c) std::memcpy(dst + c * bytes, half[c], bytes);
   unstage(out, work);
+  return true;
 }
 
-void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
+bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
                         ReduceOp op) {
   const int n = ex.size();
   const int r = ex.rank();
   const auto acc = accumulation_dtype(out.scalar_type());
   if (SymmetricRef ref = symmetric_ref(in, acc); ref.id != 0) {
     symmetric_reduce_scatter(ex, arena, out, in, op, ref);
-    return;
+    return true;
   }
   const size_t esz = c10::elementSize(acc);
   const size_t numel = out.numel();
   const size_t chunk = numel * esz;
   auto half = publish(ex, arena, header_for(out, numel, static_cast<int>(op)),
                       everyone(n, chunk * n), [&](char* p) { copy_into(p, in, acc); });
+  if (half.empty()) return false;
   at::Tensor work = staged_output(out, acc);
   char* dst = bytes_of(work);
   const ReduceFn fn = make_reduce_fn(op, acc);
@@ -250,9 +268,10 @@ void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
   }
   finish_average(op, dst, numel, acc, n);
   unstage(out, work);
+  return true;
 }
 
-void shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& t, int root) {
+bool shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& t, int root) {
   const int n = ex.size();
   const bool is_root = ex.rank() == root;
   std::vector<size_t> need(n, 0);
@@ -260,13 +279,15 @@ void shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& t, int root) {
   auto half = publish(ex, arena, header_for(t, t.numel(), -1, root), need, [&](char* p) {
     if (is_root) copy_into(p, t, t.scalar_type());
   });
-  if (is_root || t.numel() == 0) return;
+  if (half.empty()) return false;
+  if (is_root || t.numel() == 0) return true;
   at::Tensor work = staged_output(t, t.scalar_type());
   std::memcpy(bytes_of(work), half[root], t.nbytes());
   unstage(t, work);
+  return true;
 }
 
-void shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
+bool shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
                     const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
   const int n = ex.size();
   const int r = ex.rank();
@@ -274,10 +295,12 @@ void shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Te
   auto half = publish(
       ex, arena, header_for(in, 0), everyone(n, in.nbytes()),
       [&](char* p) { copy_into(p, in, in.scalar_type()); }, send, recv);
+  if (half.empty()) return false;
   at::Tensor work = staged_output(out, out.scalar_type());
   char* dst = bytes_of(work);
   for (int c = 0; c < n; ++c) std::memcpy(dst + c * block, half[c] + r * block, block);
   unstage(out, work);
+  return true;
 }
 
 }  // namespace tdist::detail

@@ -3,6 +3,9 @@
 // all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast and even-split
 // all_to_all_single over the same-host shared-memory arena (Note [Shared-memory path] in
 // shm.h). Each runs the header handshake itself (announcing its segment), so callers do not.
+// Each returns true when done, or false when some rank could not get shared memory for it
+// (Note [Falling back to TCP] in shm_collectives.cpp): the handshake has run, and the caller
+// moves the data over TCP.
 
 #include <vector>
 
@@ -19,18 +22,18 @@ namespace tdist::detail {
 void shm_notify_all(Exchange& ex, ShmArena& arena);
 
 /// In place; any dtype/layout the Gloo engine takes (reduced in the accumulation dtype).
-void shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);
+bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);
 /// output holds world_size x input elements, rank c's input at block c.
-void shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input);
+bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input);
 /// input holds world_size x output elements; output gets the reduction of block `rank`.
-void shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
+bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
                         ReduceOp op);
 
 /// The root's tensor to every rank.
-void shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& tensor, int root);
+bool shm_broadcast(Exchange& ex, ShmArena& arena, at::Tensor& tensor, int root);
 /// all_to_all_single with even splits: block p of input goes to rank p, block c of output
 /// comes from rank c. `send`/`recv` are the per-peer bytes, for the handshake's pairwise check.
-void shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
+bool shm_all_to_all(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
                     const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
 
 }  // namespace tdist::detail
