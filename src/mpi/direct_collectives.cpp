@@ -23,7 +23,18 @@ int64_t direct_min_bytes() {
   return value;
 }
 
-// out = a (op) b, elementwise; out may alias a.
+// Pointer to element `offset` of a contiguous tensor.
+void* at_element(const at::Tensor& t, int64_t offset) {
+  return static_cast<char*>(t.data_ptr()) + offset * t.element_size();
+}
+
+// `count` elements of `like`'s dtype viewed over the start of a uint8 scratch buffer.
+at::Tensor typed(const at::Tensor& scratch, int64_t count, const at::Tensor& like) {
+  return scratch.narrow(0, 0, count * like.element_size()).view(like.scalar_type());
+}
+
+}  // namespace
+
 void reduce_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op) {
   switch (op) {
     case ReduceOp::SUM:
@@ -44,18 +55,6 @@ void reduce_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Reduc
   }
   TDIST_THROW(InvalidArgument, "mpi: direct collectives cannot apply " + to_string(op));
 }
-
-// Pointer to element `offset` of a contiguous tensor.
-void* at_element(const at::Tensor& t, int64_t offset) {
-  return static_cast<char*>(t.data_ptr()) + offset * t.element_size();
-}
-
-// `count` elements of `like`'s dtype viewed over the start of a uint8 scratch buffer.
-at::Tensor typed(const at::Tensor& scratch, int64_t count, const at::Tensor& like) {
-  return scratch.narrow(0, 0, count * like.element_size()).view(like.scalar_type());
-}
-
-}  // namespace
 
 at::Tensor ScratchPool::take(int64_t bytes) {
   auto it = free_.lower_bound(bytes);

@@ -29,6 +29,9 @@
 
 namespace tdist::mpi::detail {
 
+/// out = a (op) b, elementwise (SUM/AVG add, PRODUCT, MIN, MAX); out may alias a or b.
+void reduce_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op);
+
 /// Scratch buffers reused across ops; used only on the executor thread.
 class ScratchPool {
  public:

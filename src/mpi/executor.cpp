@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -75,13 +76,18 @@ Executor::Executor() {
 
 WorkPtr Executor::submit(std::string description, std::vector<at::Tensor> outputs,
                          std::function<StartedOp()> start, Clock::time_point deadline,
-                         std::function<void(const std::string&)> on_failure) {
+                         std::function<void(const std::string&)> on_failure,
+                         std::shared_ptr<Lane> lane) {
   auto work = std::make_shared<Work>(description, std::move(outputs));
+  if (lane) ++lane->in_flight;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stop_) TDIST_THROW(DistBackendError, "mpi: " + description + " after MPI_Finalize");
-    queue_.push_back(
-        Task{std::move(description), work, std::move(start), deadline, std::move(on_failure)});
+    if (stop_) {
+      if (lane) --lane->in_flight;
+      TDIST_THROW(DistBackendError, "mpi: " + description + " after MPI_Finalize");
+    }
+    queue_.push_back(Task{std::move(description), work, std::move(start), deadline,
+                          std::move(on_failure), std::move(lane)});
   }
   cv_.notify_all();
   return work;
@@ -102,11 +108,16 @@ void Executor::run_sync(const std::function<void()>& fn) {
   work->wait();
 }
 
+void Executor::retire(const Task& task) {
+  if (task.lane) --task.lane->in_flight;
+}
+
 void Executor::start_task(Task task) {
   try {
     StartedOp op = task.start();
     pending_.push_back(Pending{std::move(task), std::move(op)});
   } catch (const std::exception& e) {
+    retire(task);
     if (task.on_failure) task.on_failure(e.what());
     task.work->finish_with_error(std::current_exception());
   }
@@ -114,6 +125,13 @@ void Executor::start_task(Task task) {
 
 void Executor::poll_pending() {
   const auto now = Clock::now();
+  // Note [Executor lanes]: ops are started in issue order, and MPI ops of one communicator
+  // progress independently. An op with a `poll` (a shared-memory collective) reads and writes
+  // its tensors itself as soon as it runs, so it runs only once every earlier op of its lane
+  // (the collectives of its communicator; send/recv have no lane) has completed: the same
+  // order, and the same data dependencies, as a communicator running one op at a time.
+  // `busy_lanes` holds the lanes of ops still pending earlier in this pass.
+  busy_lanes_.clear();
   for (auto it = pending_.begin(); it != pending_.end();) {
     auto& p = *it;
     bool done = true;
@@ -125,15 +143,27 @@ void Executor::poll_pending() {
                   p.task.description);
         done = flag != 0;
       }
+      if (done && p.op.poll) {
+        const Lane* lane = p.task.lane.get();
+        const bool blocked = lane != nullptr && (lane->inline_active.load() ||
+                                                 std::find(busy_lanes_.begin(), busy_lanes_.end(),
+                                                           lane) != busy_lanes_.end());
+        bool progressed = false;
+        done = !blocked && p.op.poll(progressed);
+        if (progressed) last_progress_ = now;
+      }
       if (done) {
         last_progress_ = now;
         if (p.op.on_complete) p.op.on_complete();
         if (p.op.next) {
           auto next = std::move(p.op.next);
           p.op = next();  // the next stage: keep polling the op
+          if (p.task.lane) busy_lanes_.push_back(p.task.lane.get());
           ++it;
           continue;
         }
+        // Retired before finishing, so a caller woken by finish() sees an idle lane.
+        retire(p.task);
         p.task.work->finish();
       } else if (now > p.task.deadline) {
         const std::string reason = p.task.description +
@@ -141,14 +171,17 @@ void Executor::poll_pending() {
                                    "stopped or issued a different collective)";
         if (p.task.on_failure) p.task.on_failure(reason);
         p.task.work->finish_with_error(std::make_exception_ptr(TimeoutError("mpi: " + reason)));
+        retire(p.task);
         abandoned_.splice(abandoned_.end(), pending_, it++);
         continue;
       }
     } catch (const std::exception& e) {
+      retire(p.task);
       if (p.task.on_failure) p.task.on_failure(e.what());
       p.task.work->finish_with_error(std::current_exception());
       done = true;
     }
+    if (!done && p.task.lane) busy_lanes_.push_back(p.task.lane.get());
     it = done ? pending_.erase(it) : std::next(it);
   }
 }

@@ -1,0 +1,127 @@
+#pragma once
+
+// Note [Shared-memory collectives]: when every rank of a group's communicator is on this node
+// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) has the group's size), all_reduce,
+// reduce_scatter_tensor and all_gather_into_tensor move their data through shared memory
+// the ranks map, instead of MPI messages: no MPI call, no rendezvous, no message matching,
+// and each byte copied once into and once out of the staging area.
+//
+// Staging: each rank owns one POSIX shared-memory segment (created and mapped by every peer
+// when the backend is built, a collective step, then unlinked so nothing outlives the
+// processes; destruction only unmaps, so it never waits for a peer). A segment holds a
+// header (two sequence-number flags, each on its own cache lines) and two halves of
+// kPieceBytes (TDIST_MPI_SHM_PIECE_BYTES, default 1 MiB) each. Ops larger than a half run
+// as consecutive pieces, so the segments never grow (growing would be a collective step
+// inside an op); every piece takes the next sequence number of the communicator and uses
+// half (seq % 2).
+//
+// One piece (n ranks, this rank r, seq s):
+//   all_reduce:     copy the chunks j != r of the piece into my half; arrived[r] = s; for
+//                   k = 0..n-1 in rank order (waiting for arrived[k] >= s) accumulate chunk
+//                   r into my own chunk slot (unused by the copy-in); reduced[r] = s; copy
+//                   every rank's reduced chunk (waiting for reduced[k] >= s) to the output.
+//   reduce_scatter: copy the chunks j != r of the piece into my half; arrived[r] = s; the
+//                   output piece = the contributions of ranks 0..n-1 in rank order.
+//   all_gather:     copy my input piece into my half; arrived[r] = s; copy each rank's half
+//                   into its place in the output.
+// Every element of a reduction is computed by one rank, in rank order, and copied to the
+// others, so all ranks get bitwise-equal results, equal to a left fold over ranks. half and
+// bfloat16 arrive staged in fp32 (mpi_types.h), so they accumulate in fp32.
+//
+// Flags are written with release and read with acquire atomics. Reuse is safe without a
+// final sync: a rank writes half h again at piece s + 2 only after finishing piece s + 1,
+// which needed every peer's arrived >= s + 1, which each peer sets only after finishing
+// piece s (all its reads of half h). That argument needs the pieces of a communicator to run
+// one at a time, in issue order: the executor runs a shared-memory op only after every
+// earlier collective of its communicator completed (Note [Executor lanes]).
+//
+// Waiting never blocks for long: a poll spins for at most ~2 us, then returns so the thread
+// running it can progress other ops and yield the core (ranks may be oversubscribed; longer
+// spins made small ops several times slower on 2 cores). Past the op's timeout it raises
+// TimeoutError (as every MPI-backend timeout does) naming the rank that did not arrive.
+// Ops up to 4 MiB are started on the calling thread when the communicator is otherwise idle
+// (Note [Inline start] in mpi_backend.cpp); the executor finishes them if a peer is late.
+//
+// Environment (must be the same on every rank):
+//   TDIST_MPI_SHM=0                 turns the path off (ops use MPI messages);
+//   TDIST_MPI_SHM_MIN_BYTES=<n>     smallest op (bytes of the larger of input/output) on it
+//                                   (default 0);
+//   TDIST_MPI_SHM_MAX_BYTES=<n>     largest op on it (default -1: no limit);
+//   TDIST_MPI_SHM_PIECE_BYTES=<n>   bytes per rank per half (default 1 MiB);
+//   TDIST_MPI_SHM_INLINE=0          every op through the executor thread (Note [Inline start]).
+
+#include <mpi.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor.h"
+#include "tdist/comm/types.h"
+
+namespace tdist::mpi::detail {
+
+/// The staging segments of one communicator whose ranks all share this node.
+class ShmWindow {
+ public:
+  /// Collective over `comm` (executor thread, same order on every member). Null when the
+  /// path is off (TDIST_MPI_SHM=0 or size < 2), when some rank is on another node, or when
+  /// any rank failed to create or map a segment (all ranks then agree on null).
+  static std::shared_ptr<ShmWindow> create(MPI_Comm comm, int rank, int size);
+  ~ShmWindow();
+  ShmWindow(const ShmWindow&) = delete;
+  ShmWindow& operator=(const ShmWindow&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int64_t piece_bytes() const { return piece_bytes_; }
+  /// Rank r's half for the piece with sequence number `seq`.
+  char* half(int r, uint64_t seq) const;
+  uint64_t* arrived(int r) const;
+  uint64_t* reduced(int r) const;
+  /// The next piece's sequence number (executor thread; the same on every rank).
+  uint64_t take_seq() { return next_seq_++; }
+
+ private:
+  ShmWindow(int rank, int size, int64_t piece_bytes);
+
+  int rank_;
+  int size_;
+  int64_t piece_bytes_;
+  size_t segment_bytes_;
+  std::vector<char*> segments_;  // every rank's mapping, mine included
+  uint64_t next_seq_ = 1;        // flags start at 0
+};
+
+/// True when an op of `bytes` (the larger of input and output) should take the
+/// shared-memory path: a window exists, the size is in range, and for reductions the op is
+/// one ATen applies (SUM, AVG, PRODUCT, MIN, MAX) on a non-bool dtype.
+bool use_shm(const ShmWindow* window, int64_t bytes, at::ScalarType dtype, bool reduces,
+             ReduceOp op);
+
+/// What a shared-memory op needs besides its tensors.
+struct ShmOpContext {
+  std::shared_ptr<ShmWindow> window;
+  std::string description;  // "rank 0: all_reduce"
+  Executor::Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+};
+
+/// `buffer` (contiguous) reduced over all ranks in place. `finally` runs on completion.
+StartedOp shm_all_reduce(ShmOpContext ctx, at::Tensor buffer, ReduceOp op,
+                         std::function<void()> finally);
+
+/// `out` (contiguous, numel * size == in.numel()) = this rank's chunk of `in` reduced.
+StartedOp shm_reduce_scatter(ShmOpContext ctx, at::Tensor in, at::Tensor out, ReduceOp op,
+                             std::function<void()> finally);
+
+/// `out` (contiguous, numel == in.numel() * size) = every rank's `in`, in rank order.
+StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
+                         std::function<void()> finally);
+
+}  // namespace tdist::mpi::detail

@@ -1,0 +1,250 @@
+// The MPI backend's shared-memory collectives (Note [Shared-memory collectives] in
+// src/mpi/shm_collectives.h): all_reduce, reduce_scatter_tensor and all_gather_into_tensor
+// when every rank is on this node. Runs under mpirun at world sizes 1-4, with the default
+// piece size and with TDIST_MPI_SHM_PIECE_BYTES=4096 (many pieces per op, both halves reused
+// many times). Every expectation is computed locally from every rank's inputs.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "tdist/error.h"
+#include "tdist/mpi/mpi_backend.h"
+
+namespace {
+
+using tdist::ReduceOp;
+using tdist::mpi::MPIBackend;
+
+MPIBackend& pg() {
+  static auto backend = std::make_shared<MPIBackend>(
+      nullptr, tdist::mpi::world_rank(), tdist::mpi::world_size(), std::chrono::seconds(60));
+  return *backend;
+}
+int rank() {
+  return pg().rank();
+}
+int world() {
+  return pg().size();
+}
+
+// TDIST_MPI_SHM=0 (the test_mpi_shm_off variant): the same ops on MPI messages.
+bool shm_off() {
+  const char* v = std::getenv("TDIST_MPI_SHM");
+  return v && std::string(v) == "0";
+}
+
+const std::vector<at::ScalarType> kReducible = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                                at::kByte,  at::kChar,   at::kInt,  at::kLong};
+
+std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
+  if (at::isFloatingType(dtype)) {
+    return {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX};
+  }
+  return {ReduceOp::SUM, ReduceOp::PRODUCT, ReduceOp::MIN, ReduceOp::MAX};
+}
+
+// Rank r's input: small integers, exact in every dtype (products of four ranks fit int8).
+at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, ReduceOp op, int salt = 0) {
+  auto i = torch::arange(n, torch::kDouble) + salt;
+  auto v = op == ReduceOp::PRODUCT ? torch::remainder(i + 3 * r, 2) + 1
+                                   : torch::remainder(i * 5 + 3 * r, 7);
+  return v.to(dtype);
+}
+
+// The reduction over all ranks, in double (exact for these inputs), cast back.
+at::Tensor expected_reduction(int64_t n, at::ScalarType dtype, ReduceOp op, int salt = 0) {
+  auto acc = input_of(0, n, dtype, op, salt).to(torch::kDouble);
+  for (int r = 1; r < world(); ++r) {
+    auto t = input_of(r, n, dtype, op, salt).to(torch::kDouble);
+    switch (op) {
+      case ReduceOp::SUM:
+      case ReduceOp::AVG:
+        acc = acc + t;
+        break;
+      case ReduceOp::PRODUCT:
+        acc = acc * t;
+        break;
+      case ReduceOp::MIN:
+        acc = torch::minimum(acc, t);
+        break;
+      case ReduceOp::MAX:
+        acc = torch::maximum(acc, t);
+        break;
+      default:
+        ADD_FAILURE() << "unexpected op";
+    }
+  }
+  if (op == ReduceOp::AVG) acc = acc / world();
+  return acc.to(dtype);
+}
+
+std::string describe(at::ScalarType dtype, ReduceOp op, int64_t n) {
+  return std::string(c10::toString(dtype)) + "/" + tdist::to_string(op) + "/" + std::to_string(n);
+}
+
+// Sizes: 1 element, odd sizes not divisible by 2, 3 or 4, and some larger than a 4 KiB piece
+// or (for the biggest) a default 1 MiB piece.
+const std::vector<int64_t> kSizes = {1, 7, 1001, 4099, 300007};
+
+TEST(MPIShm, AllReduceEveryDtypeOpAndSize) {
+  for (int64_t n : kSizes) {
+    for (auto dtype : kReducible) {
+      for (auto op : ops_for(dtype)) {
+        if (n > 5000 && dtype != at::kFloat && dtype != at::kBFloat16) continue;  // keep it quick
+        auto t = input_of(rank(), n, dtype, op);
+        tdist::AllreduceOptions opts;
+        opts.op = op;
+        pg().all_reduce(t, opts)->wait();
+        auto want = expected_reduction(n, dtype, op);
+        EXPECT_TRUE(t.equal(want)) << describe(dtype, op, n);
+      }
+    }
+  }
+}
+
+TEST(MPIShm, ReduceScatterTensorEveryDtypeOpAndSize) {
+  for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(1001), int64_t(70001)}) {
+    for (auto dtype : kReducible) {
+      for (auto op : ops_for(dtype)) {
+        if (chunk > 5000 && dtype != at::kFloat && dtype != at::kHalf) continue;
+        auto in = input_of(rank(), chunk * world(), dtype, op);
+        auto out = torch::full({chunk}, 99, in.options());
+        tdist::ReduceScatterOptions opts;
+        opts.op = op;
+        pg().reduce_scatter_tensor(out, in, opts)->wait();
+        auto full = expected_reduction(chunk * world(), dtype, op);
+        EXPECT_TRUE(out.equal(full.narrow(0, chunk * rank(), chunk))) << describe(dtype, op, chunk);
+      }
+    }
+  }
+}
+
+TEST(MPIShm, AllGatherIntoTensorEveryDtypeAndSize) {
+  auto dtypes = kReducible;
+  dtypes.push_back(at::kBool);
+  for (int64_t n : kSizes) {
+    for (auto dtype : dtypes) {
+      auto in = input_of(rank(), n, dtype, ReduceOp::SUM, /*salt=*/rank());
+      auto out = torch::empty({n * world()}, in.options());
+      pg().all_gather_into_tensor(out, in, {})->wait();
+      for (int r = 0; r < world(); ++r) {
+        EXPECT_TRUE(out.narrow(0, n * r, n).equal(input_of(r, n, dtype, ReduceOp::SUM, r)))
+            << describe(dtype, ReduceOp::SUM, n) << " from rank " << r;
+      }
+    }
+  }
+}
+
+TEST(MPIShm, ReductionIsALeftFoldInRankOrderAndBitwiseEqualOnEveryRank) {
+  // Random values: the result depends on the order of the additions. Every rank must get
+  // ((x0 + x1) + x2) + x3 exactly, computed in fp32 for bfloat16/half too.
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const int64_t n = 50021;
+    auto value_of = [&](int r) {
+      return torch::randn({n}, at::detail::createCPUGenerator(1000 + r)).to(dtype);
+    };
+    auto t = value_of(rank());
+    pg().all_reduce(t, {})->wait();
+    auto acc = value_of(0).to(torch::kFloat);
+    for (int r = 1; r < world(); ++r) acc = acc + value_of(r).to(torch::kFloat);
+    // (The MPI-message paths reduce in another order: only the shared-memory path folds.)
+    if (!shm_off()) EXPECT_TRUE(t.equal(acc.to(dtype))) << c10::toString(dtype);
+    // Every rank holds the same bits.
+    auto all = torch::empty({n * world()}, t.options());
+    pg().all_gather_into_tensor(all, t, {})->wait();
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_TRUE(all.narrow(0, n * r, n).equal(t)) << c10::toString(dtype) << " rank " << r;
+    }
+  }
+}
+
+TEST(MPIShm, BackToBackOpsOfAlternatingSizesAndKindsInFlight) {
+  // Issued without waiting: the ops of one communicator run one at a time in issue order.
+  std::vector<at::Tensor> reduced, gathered, gather_in, scattered;
+  std::vector<tdist::WorkPtr> works;
+  const std::vector<int64_t> sizes = {3, 9000, 1, 300001, 17, 5000};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const int salt = static_cast<int>(k);
+    reduced.push_back(input_of(rank(), n, at::kFloat, ReduceOp::SUM, salt));
+    works.push_back(pg().all_reduce(reduced.back(), {}));
+    gather_in.push_back(input_of(rank(), n, at::kInt, ReduceOp::SUM, salt + rank()));
+    gathered.push_back(torch::empty({n * world()}, torch::kInt));
+    works.push_back(pg().all_gather_into_tensor(gathered.back(), gather_in.back(), {}));
+    auto rs_in = input_of(rank(), n * world(), at::kDouble, ReduceOp::SUM, salt);
+    scattered.push_back(torch::empty({n}, torch::kDouble));
+    works.push_back(pg().reduce_scatter_tensor(scattered.back(), rs_in, {}));
+  }
+  for (auto& w : works) w->wait();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const int salt = static_cast<int>(k);
+    EXPECT_TRUE(reduced[k].equal(expected_reduction(n, at::kFloat, ReduceOp::SUM, salt))) << k;
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_TRUE(
+          gathered[k].narrow(0, n * r, n).equal(input_of(r, n, at::kInt, ReduceOp::SUM, salt + r)))
+          << k;
+    }
+    auto full = expected_reduction(n * world(), at::kDouble, ReduceOp::SUM, salt);
+    EXPECT_TRUE(scattered[k].equal(full.narrow(0, n * rank(), n))) << k;
+  }
+}
+
+TEST(MPIShm, OpsOnOneTensorSeeEachOthersResults) {
+  // Known gap: with the shared-memory path off, MPI ops of one communicator overlap once
+  // started (Note [MPI progress]), so ops on one tensor issued without a wait can race.
+  if (shm_off()) GTEST_SKIP() << "ordering across ops holds on the shared-memory path only";
+  // A broadcast (MPI) then two all_reduces (shared memory) on one tensor, none waited for
+  // in between: each must see the previous result.
+  auto t = torch::full({20000}, static_cast<float>(rank() + 1));
+  tdist::BroadcastOptions from_last;
+  from_last.root = world() - 1;
+  auto b = pg().broadcast(t, from_last);
+  auto r1 = pg().all_reduce(t, {});
+  auto r2 = pg().all_reduce(t, {});
+  r2->wait();
+  b->wait();
+  r1->wait();
+  const float want = static_cast<float>(world()) * world() * world();
+  EXPECT_TRUE(t.eq(want).all().item<bool>()) << t[0].item<float>() << " want " << want;
+}
+
+TEST(MPIShm, NonContiguousAndStagedTensors) {
+  auto base = torch::arange(3 * 1001, torch::kFloat).reshape({3, 1001});
+  auto view = base.t();  // non-contiguous: staged, then copied back
+  pg().all_reduce(view, {})->wait();
+  EXPECT_TRUE(base.equal(torch::arange(3 * 1001, torch::kFloat).reshape({3, 1001}) * world()));
+  // A non-contiguous all_gather output (a column of a matrix).
+  auto in = torch::full({4, 1}, static_cast<double>(rank()), torch::kDouble);
+  auto strided = torch::zeros({4 * world(), 2}, torch::kDouble).select(1, 0).unsqueeze(1);
+  pg().all_gather_into_tensor(strided, in, {})->wait();
+  for (int r = 0; r < world(); ++r) {
+    EXPECT_EQ(strided[4 * r + 3][0].item<double>(), r);
+  }
+}
+
+TEST(MPIShm, APeerThatNeverArrivesIsATimeoutNamingIt) {
+  if (world() == 1) GTEST_SKIP() << "needs a peer";
+  if (shm_off()) GTEST_SKIP() << "the shared-memory path is off";
+  // A second backend over the world (its own segments), so this one breaking leaves pg() whole.
+  auto other = std::make_shared<MPIBackend>(nullptr, rank(), world(), std::chrono::seconds(60));
+  if (rank() == 0) {
+    auto t = torch::ones({1000});
+    tdist::AllreduceOptions opts;
+    opts.timeout = std::chrono::milliseconds(300);
+    auto work = other->all_reduce(t, opts);
+    try {
+      work->wait();
+      FAIL() << "expected a timeout";
+    } catch (const tdist::TimeoutError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 1 has not"), std::string::npos) << what;
+      EXPECT_NE(what.find("all_reduce"), std::string::npos) << what;
+    }
+    // The backend is broken now: further ops fail fast instead of hanging.
+    EXPECT_THROW(other->all_reduce(t, {}), tdist::Error);
+  }
+  pg().barrier({})->wait();
+}
+
+}  // namespace
