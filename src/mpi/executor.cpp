@@ -123,6 +123,30 @@ void Executor::start_task(Task task) {
   }
 }
 
+void Executor::start_ready() {
+  // Note [One op per lane]: MPI lets nonblocking collectives of one communicator progress
+  // together, but two ops on one tensor issued without a wait between them (a broadcast then
+  // an all_reduce of its result) would then read and write it at once. So the ops of a lane
+  // start one at a time, in issue order, as on a communicator running one op at a time
+  // (PyTorch's MPI process group does the same); ops of other lanes, and send/recv (no
+  // lane), still overlap.
+  busy_lanes_.clear();
+  for (const auto& p : pending_) {
+    if (p.task.lane) busy_lanes_.push_back(p.task.lane.get());
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const Lane* lane = it->lane.get();
+    if (lane && std::find(busy_lanes_.begin(), busy_lanes_.end(), lane) != busy_lanes_.end()) {
+      ++it;
+      continue;
+    }
+    Task task = std::move(*it);
+    it = waiting_.erase(it);
+    if (lane) busy_lanes_.push_back(lane);
+    start_task(std::move(task));
+  }
+}
+
 void Executor::poll_pending() {
   const auto now = Clock::now();
   // Note [Executor lanes]: ops are started in issue order, and MPI ops of one communicator
@@ -191,15 +215,19 @@ void Executor::loop() {
     std::deque<Task> tasks;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (pending_.empty()) {
+      if (pending_.empty() && waiting_.empty()) {
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       }
       // At exit, in-flight ops get a short grace period, not their full timeout.
-      if (stop_ && queue_.empty() && (pending_.empty() || Clock::now() > stop_deadline_)) break;
+      if (stop_ && queue_.empty() &&
+          ((pending_.empty() && waiting_.empty()) || Clock::now() > stop_deadline_)) {
+        break;
+      }
       tasks.swap(queue_);
     }
     if (!tasks.empty()) last_progress_ = Clock::now();
-    for (auto& task : tasks) start_task(std::move(task));
+    for (auto& task : tasks) waiting_.push_back(std::move(task));
+    start_ready();
     poll_pending();
     if (!pending_.empty()) {
       // Note [Executor polling]: MPI moves large messages by rendezvous (request, copy,

@@ -82,6 +82,7 @@ class Executor {
 
   Executor();
   void loop();
+  void start_ready();  // starts the waiting ops whose lane is free (Note [One op per lane])
   void start_task(Task task);
   static void retire(const Task& task);  // the op left the executor: its lane's count drops
   void poll_pending();
@@ -90,6 +91,7 @@ class Executor {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  std::deque<Task> waiting_;  // executor thread only: submitted, not started
   std::list<Pending> pending_;
   // Ops that passed their deadline: kept so their buffers outlive MPI's use of them.
   std::list<Pending> abandoned_;

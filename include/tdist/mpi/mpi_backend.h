@@ -7,9 +7,11 @@
 // Note [MPI progress]: MPI is initialised with MPI_THREAD_SERIALIZED and driven by one
 // executor thread per process, shared by every MPI group. Each op is started as a
 // non-blocking MPI call (MPI_Iallreduce, MPI_Isend, ...) in issue order — the same order on
-// every rank, which MPI requires — and the executor polls the outstanding requests. So many
-// ops can be in flight (FSDP prefetch, isend/irecv pairs never deadlock) and a request past
-// its deadline fails its Work with TimeoutError instead of blocking the process.
+// every rank, which MPI requires — and the executor polls the outstanding requests. The
+// collectives of one communicator start one at a time (so ops on one tensor see each other's
+// results; Note [One op per lane] in src/mpi/executor.cpp), while other communicators'
+// collectives and isend/irecv stay in flight together (isend/irecv pairs never deadlock), and
+// a request past its deadline fails its Work with TimeoutError instead of blocking the process.
 
 #include <chrono>
 #include <memory>
