@@ -1,6 +1,7 @@
 #include "fsdp/collectives.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <ATen/ATen.h>
 
@@ -146,6 +147,91 @@ at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedPa
   return result.output.narrow(0, offset, pl.padded_shard_numel())
       .view(pl.padded_shard_shape())
       .narrow(0, 0, pl.local_rows);
+}
+
+WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
+                         const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats) {
+  if (group->size() == 1) {
+    {
+      CopyTimer copy(stats);
+      std::memcpy(output.data_ptr(), input.data_ptr(), input.nbytes());
+    }
+    CommTimer issue(stats.comm_issue_ns);
+    return completed_work("all_gather_into_tensor", {output});
+  }
+  CommTimer issue(stats.comm_issue_ns);
+  CollectiveLabelScope label_scope(label);
+  return all_gather_into_tensor(output, input, group, /*async_op=*/true);
+}
+
+void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
+                   size_t element_size) {
+  const size_t row = static_cast<size_t>(layout.total) * element_size;
+  for (size_t i = 0; i < layout.offsets.size(); ++i) {
+    const size_t n = static_cast<size_t>(layout.numels[i]) * element_size;
+    const size_t off = static_cast<size_t>(layout.offsets[i]) * element_size;
+    char* dst = unsharded + off * static_cast<size_t>(world);
+    for (int r = 0; r < world; ++r) std::memcpy(dst + r * n, gathered + r * row + off, n);
+  }
+}
+
+void copy_in_grads(const at::Tensor& input, const std::vector<ShardedParam*>& params,
+                   const std::vector<at::Tensor>& grads, const FlatLayout& layout) {
+  const size_t esz = input.element_size();
+  const int world = params.front()->layout().world;
+  char* base = static_cast<char*>(input.data_ptr());
+  const size_t rank_bytes = static_cast<size_t>(layout.total) * esz;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ShardLayout& pl = params[i]->layout();
+    const at::Tensor& grad = grads[i];
+    const size_t shard_bytes = static_cast<size_t>(pl.padded_shard_numel()) * esz;
+    const size_t row_bytes = static_cast<size_t>(pl.row_numel) * esz;
+    char* dst = base + static_cast<size_t>(layout.offsets[i]) * esz;
+    if (!grad.defined()) {
+      for (int r = 0; r < world; ++r) std::memset(dst + r * rank_bytes, 0, shard_bytes);
+      continue;
+    }
+    if (grad.is_cpu() && grad.is_contiguous() && grad.scalar_type() == input.scalar_type() &&
+        grad.numel() == pl.numel()) {
+      const char* src = static_cast<const char*>(grad.data_ptr());
+      for (int r = 0; r < world; ++r) {
+        const int64_t first = r * pl.shard_rows;
+        const int64_t count = std::max<int64_t>(0, std::min(pl.shard_rows, pl.dim0 - first));
+        const size_t bytes = static_cast<size_t>(count) * row_bytes;
+        if (bytes > 0) std::memcpy(dst + r * rank_bytes, src + first * row_bytes, bytes);
+        if (bytes < shard_bytes) std::memset(dst + r * rank_bytes + bytes, 0, shard_bytes - bytes);
+      }
+      continue;
+    }
+    // Strided, other dtype or device: ATen copies into [world, shard_rows, row_numel].
+    at::Tensor block = input.view({world, layout.total})
+                           .narrow(1, layout.offsets[i], layout.numels[i])
+                           .view({world, pl.shard_rows, pl.row_numel});
+    block.zero_();
+    const at::Tensor rows = grad.reshape({pl.dim0, pl.row_numel});
+    for (int r = 0; r < world; ++r) {
+      const int64_t first = r * pl.shard_rows;
+      const int64_t count = std::min<int64_t>(pl.shard_rows, pl.dim0 - first);
+      if (count <= 0) break;
+      block.select(0, r).narrow(0, 0, count).copy_(rows.narrow(0, first, count));
+    }
+  }
+}
+
+WorkPtr issue_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                             const ProcessGroupPtr& group, const std::string& label,
+                             FSDPStats& stats) {
+  if (group->size() == 1) {
+    {
+      CopyTimer copy(stats);
+      std::memcpy(output.data_ptr(), input.data_ptr(), output.nbytes());
+    }
+    CommTimer issue(stats.comm_issue_ns);
+    return completed_work("reduce_scatter_tensor", {output});
+  }
+  CommTimer issue(stats.comm_issue_ns);
+  CollectiveLabelScope label_scope(label);
+  return reduce_scatter_tensor(output, input, ReduceOp::SUM, group, /*async_op=*/true);
 }
 
 }  // namespace tdist::fsdp::detail

@@ -83,4 +83,32 @@ at::Tensor all_gather_whole(const at::Tensor& local, const ShardedParam& param,
 at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,
                               int64_t offset);
 
+// ---- Note [Persistent buffers] --------------------------------------------------------------
+// The fast path of a group whose params are plain CPU tensors computed in their own dtype:
+// the group's padded shards are views of ONE flat buffer in the all-gather input layout (no
+// copy-in), the collective buffers keep one StorageImpl each across steps with their bytes
+// from the BufferPool, and the copies are plain memcpy over raw pointers (no dispatcher, no
+// per-parameter tensor views).
+
+/// Issues the all-gather of `input` ([total], this rank's block) into `output`
+/// ([world * total]); a group of one copies.
+WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
+                         const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats);
+
+/// Copies the rank-major all-gather output into the param-major unsharded block: param i's
+/// padded unsharded tensor is world * numels[i] elements at world * offsets[i].
+void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
+                   size_t element_size);
+
+/// Fills the rank-major reduce-scatter input [world, total] from the unsharded gradients
+/// (undefined: zeros; padding rows: zeros); memcpy for contiguous CPU grads of the input's
+/// dtype, ATen copies otherwise.
+void copy_in_grads(const at::Tensor& input, const std::vector<ShardedParam*>& params,
+                   const std::vector<at::Tensor>& grads, const FlatLayout& layout);
+
+/// Issues the reduce-scatter (SUM) of `input` ([world * total]) into `output` ([total]).
+WorkPtr issue_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                             const ProcessGroupPtr& group, const std::string& label,
+                             FSDPStats& stats);
+
 }  // namespace tdist::fsdp::detail

@@ -1,9 +1,12 @@
 #include "tdist/fsdp/fully_shard.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+
+#include <ATen/ATen.h>
 
 #include "fsdp/fsdp_state.h"
 #include "fsdp/registry.h"
@@ -214,9 +217,34 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
 
   std::unique_ptr<detail::ParamGroup> param_group;
   if (!managed.empty()) {
-    std::vector<std::unique_ptr<detail::ShardedParam>> params;
+    // Note [Persistent buffers]: a plain CPU group gets its flat shard here, so each shard
+    // is written once into it (no per-parameter shard allocated and freed, which fragments
+    // the heap of a large model).
+    bool flat = true;
+    int64_t total = 0;
+    std::vector<int64_t> numels;
+    const at::TensorOptions first = managed.front().second.options();
     for (auto& [name, tensor] : managed) {
-      params.push_back(std::make_unique<detail::ShardedParam>(name, tensor, world, rank, policy));
+      flat = flat && tensor.is_cpu() && tensor.dtype() == first.dtype();
+      numels.push_back(
+          ShardLayout::compute(tensor.sizes().vec(), world, rank).padded_shard_numel());
+      total += numels.back();
+    }
+    const auto dtype = c10::typeMetaToScalarType(first.dtype());
+    const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
+    flat = flat && total > 0 && !policy.offload_to_cpu && !policy.compute_device &&
+           (!policy.param_dtype || *policy.param_dtype == dtype) &&
+           (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
+           !(env != nullptr && std::string(env) == "0");
+    if (flat) config.flat_shard = at::zeros({total}, at::TensorOptions().dtype(first.dtype()));
+    std::vector<std::unique_ptr<detail::ShardedParam>> params;
+    int64_t offset = 0;
+    for (size_t i = 0; i < managed.size(); ++i) {
+      auto& [name, tensor] = managed[i];
+      at::Tensor buffer = flat ? config.flat_shard.narrow(0, offset, numels[i]) : at::Tensor();
+      offset += numels[i];
+      params.push_back(
+          std::make_unique<detail::ShardedParam>(name, tensor, world, rank, policy, buffer));
     }
     param_group = std::make_unique<detail::ParamGroup>("", std::move(params), group, config);
   }

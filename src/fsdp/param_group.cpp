@@ -35,6 +35,8 @@
 #include "fsdp/param_group.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -45,10 +47,30 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
 #include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 
 namespace {
+
+// A plain tensor (not an autograd view: optimizers may detach_() it) over `base`'s storage,
+// `offset` elements in, contiguous, of `sizes`.
+at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  // Built directly rather than with set_(), which would allocate a storage that holds 0 bytes
+  // now (a pooled buffer between steps) up to the alias's extent.
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()),
+                                                          base.key_set(), base.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  t.unsafeGetTensorImpl()->set_storage_offset(base.storage_offset() + offset);
+  return t;
+}
+
+bool persistent_buffers_enabled() {
+  const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
+  return env == nullptr || std::string(env) != "0";
+}
 
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
   CommTimer timer(stats.wait_ns);
@@ -97,6 +119,68 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
       config_(std::move(config)) {
   for (auto& p : params_) raw_.push_back(p.get());
   flat_ = FlatLayout::of(raw_);
+  set_label(label_);
+  init_persistent_buffers();
+}
+
+ParamGroup::~ParamGroup() {
+  // Views autograd saved may outlive the group: they must see 0 bytes, not freed memory.
+  if (unsharded_block_) {
+    for (ShardedParam* p : raw_) util::free_storage(p->padded_unsharded());
+  }
+}
+
+void ParamGroup::set_label(std::string label) {
+  label_ = std::move(label);
+  all_gather_label_ = label_ + " all_gather";
+  reduce_label_ = label_ + " reduce_scatter";
+}
+
+// Note [Persistent buffers] (collectives.h): only for plain CPU groups computed and reduced
+// in the parameters' own dtype; mixed precision, offload and other devices keep the general
+// path. TDIST_FSDP_PERSISTENT_BUFFERS=0 turns it off (for comparisons).
+void ParamGroup::init_persistent_buffers() {
+  if (raw_.empty() || flat_.total == 0 || !persistent_buffers_enabled()) return;
+  const at::TensorOptions& options = raw_.front()->shard_options();
+  for (ShardedParam* p : raw_) {
+    const at::TensorOptions& s = p->shard_options();
+    const at::TensorOptions& u = p->unsharded_options();
+    if (!s.device().is_cpu() || !u.device().is_cpu() || s.dtype() != u.dtype() ||
+        s.dtype() != options.dtype() || s.pinned_memory()) {
+      return;
+    }
+  }
+  if (config_.reduce_dtype && *config_.reduce_dtype != c10::typeMetaToScalarType(options.dtype())) {
+    return;
+  }
+  const int world = raw_.front()->layout().world;
+  element_size_ = options.dtype().itemsize();
+  if (config_.flat_shard.defined() && config_.flat_shard.numel() == flat_.total) {
+    flat_shard_ = config_.flat_shard;  // built in place by fully_shard
+  } else {
+    flat_shard_ = at::zeros({flat_.total}, options);
+    for (size_t i = 0; i < raw_.size(); ++i) {
+      raw_[i]->rehome_shard(flat_shard_.narrow(0, flat_.offsets[i], flat_.numels[i])
+                                .view(raw_[i]->layout().padded_shard_shape()));
+    }
+  }
+  config_.flat_shard = at::Tensor();
+  all_gather_out_.init(world * flat_.total, options);
+  reduce_in_.init(world * flat_.total, options);
+  reduce_tmp_.init(flat_.total, options);
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    tmp_slices_.push_back(
+        raw_alias(reduce_tmp_.tensor(), flat_.offsets[i], raw_[i]->layout().local_shape()));
+  }
+  fast_ = true;
+}
+
+void ParamGroup::init_grad_buffer() {
+  grad_flat_ = at::zeros({flat_.total}, raw_.front()->shard_options());
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    raw_[i]->set_grad_alias(
+        raw_alias(grad_flat_, flat_.offsets[i], raw_[i]->layout().local_shape()));
+  }
 }
 
 void ParamGroup::check(bool condition, const char* verb, const char* expected) const {
@@ -124,7 +208,18 @@ void ParamGroup::unshard(bool async_op) {
                        : CommEvent::Kind::kAllGather,
                    this});
   }
-  if (shard_state_ == ShardState::kShardedPostForward) {
+  if (fast_) {
+    TraceScope trace("FSDP::all_gather", label_);
+    {
+      CopyTimer copy(stats_);
+      all_gather_out_.acquire();
+    }
+    const bool slab = shard_state_ == ShardState::kShardedPostForward;
+    all_gather_.input = slab ? post_forward_slab_.view({-1}) : flat_shard_;
+    all_gather_.work =
+        issue_all_gather(all_gather_out_.tensor(), all_gather_.input,
+                         slab ? config_.post_forward_group : group_, all_gather_label_, stats_);
+  } else if (shard_state_ == ShardState::kShardedPostForward) {
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer.
     all_gather_ = foreach_all_gather(raw_, flat_, config_.post_forward_group, label_, stats_,
@@ -141,7 +236,23 @@ void ParamGroup::wait_for_unshard() {
   if (shard_state_ == ShardState::kUnsharded) return;
   check(shard_state_ == ShardState::kUnsharding, "wait_for_unshard", "an unshard() first");
   wait_work(all_gather_.work, group_, stats_);
-  {
+  if (fast_) {
+    TraceScope trace("FSDP::all_gather_copy_out", label_);
+    CopyTimer copy(stats_);
+    const int world = raw_.front()->layout().world;
+    unsharded_block_ = buffer_pool().acquire(
+        static_cast<size_t>(world * flat_.total) * element_size_, flat_shard_.device());
+    char* base = static_cast<char*>(unsharded_block_.data.get());
+    for (size_t i = 0; i < raw_.size(); ++i) {
+      raw_[i]->borrow_unsharded(base +
+                                static_cast<size_t>(world * flat_.offsets[i]) * element_size_);
+    }
+    copy_out_flat(all_gather_out_.data(), base, flat_, world, element_size_);
+    all_gather_out_.release();
+    all_gather_.work.reset();
+    all_gather_.input = at::Tensor();
+    post_forward_slab_ = at::Tensor();
+  } else {
     TraceScope trace("FSDP::all_gather_copy_out", label_);
     CopyTimer copy(stats_);
     for (ShardedParam* p : raw_) p->alloc_unsharded();
@@ -163,7 +274,9 @@ void ParamGroup::reshard() {
   for (ShardedParam* p : raw_) p->use_sharded();
   {
     CopyTimer copy(stats_);
-    for (ShardedParam* p : raw_) p->free_unsharded();  // Note [Freeing unsharded storage]
+    for (ShardedParam* p : raw_) p->free_unsharded();    // Note [Freeing unsharded storage]
+    buffer_pool().release(std::move(unsharded_block_));  // Note [Buffer pool]
+    unsharded_block_ = PooledBlock();
     post_forward_slab_ = at::Tensor();
   }
   shard_state_ = ShardState::kSharded;
@@ -263,8 +376,7 @@ void ParamGroup::replay_all_gather(bool from_post_forward_slab) {
 void ParamGroup::replay_reduce_scatter() {
   for (ShardedParam* p : raw_) p->stash_sharded_grad();
   const std::vector<at::Tensor> zeros(raw_.size());  // undefined: reduced as zeros
-  reduce_ = foreach_reduce(raw_, zeros, flat_, group_, label_, reduce_dtype(), stats_);
-  reduce_pending_ = true;
+  issue_reduce(zeros);
   ++stats_.reduce_scatters;
   finish_reduce();
 }
@@ -274,20 +386,19 @@ void ParamGroup::replay_reduce_scatter() {
 // Prefetching: an explicit list (set_modules_to_*_prefetch) replaces the recorded order.
 void ParamGroup::prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
                           ParamGroup* recorded_next) {
-  std::vector<ParamGroup*> targets;
-  if (explicit_targets) {
-    targets = *explicit_targets;
-  } else if (recorded_next != nullptr) {
-    targets.push_back(recorded_next);
-  }
-  for (ParamGroup* next : targets) {
-    if (next == nullptr || next == this) continue;
+  auto fetch = [this](ParamGroup* next) {
+    if (next == nullptr || next == this) return;
     if (next->shard_state_ == ShardState::kUnsharding ||
         next->shard_state_ == ShardState::kUnsharded) {
-      continue;
+      return;
     }
     next->unshard(/*async_op=*/true);
     ++next->stats_.prefetches;
+  };
+  if (explicit_targets) {
+    for (ParamGroup* next : *explicit_targets) fetch(next);
+  } else {
+    fetch(recorded_next);
   }
 }
 
@@ -338,8 +449,8 @@ void ParamGroup::post_backward() {
   TraceScope trace("FSDP::post_backward", label_);
   training_state_ = TrainingState::kPostBackward;
   check(shard_state_ == ShardState::kUnsharded, "post_backward", "unsharded");
-  std::vector<at::Tensor> grads;
-  grads.reserve(raw_.size());
+  std::vector<at::Tensor>& grads = grads_;
+  grads.clear();
   bool any_trainable = false;
   for (ShardedParam* p : raw_) {
     at::Tensor grad = p->take_unsharded_grad();
@@ -348,6 +459,10 @@ void ParamGroup::post_backward() {
     grads.push_back(std::move(grad));
   }
   if (!requires_gradient_sync_ || !any_trainable) {
+    struct Clear {  // the scratch never keeps gradients alive past this call
+      std::vector<at::Tensor>& grads;
+      ~Clear() { grads.clear(); }
+    } clear{grads};
     // Note [Accumulation without sync]: the unsharded gradients stay on this rank (in the
     // reduce dtype) until a synced backward reduces their sum; the sharded grads return.
     CopyTimer copy(stats_);
@@ -370,12 +485,11 @@ void ParamGroup::post_backward() {
     comm_->finish_pending_reduce();
     comm_->record({CommEvent::Kind::kReduceScatter, this});
   }
-  reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype(), stats_);
+  issue_reduce(grads);
   {
     CopyTimer copy(stats_);
     grads.clear();  // the unsharded gradients are in the reduce-scatter input now
   }
-  reduce_pending_ = true;
   ++stats_.reduce_scatters;
   reshard();
   if (comm_ != nullptr) {
@@ -406,6 +520,10 @@ void ParamGroup::finish_reduce() {
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
+  if (fast_) {
+    finish_reduce_fast(divisor);
+    return;
+  }
   CopyTimer copy(stats_);
   reduce_.output.div_(divisor);
   for (size_t i = 0; i < raw_.size(); ++i) {
@@ -419,6 +537,77 @@ void ParamGroup::finish_reduce() {
         reduced_shard_grad(reduce_, *raw_[i], flat_.offsets[i]).clone());
   }
   reduce_ = ReduceScatterResult();
+  reduce_pending_ = false;
+}
+
+// Note [Persistent gradient buffer]
+// On the fast path the sharded gradients are plain tensors over the group's persistent
+// grad_flat_ (ShardedParam::grad_alias), like DDP's gradient_as_bucket_view: a gradient a
+// caller keeps across steps is overwritten by the next reduce. When no stashed gradient lives
+// in grad_flat_ (first step, or grads set to None) the reduce-scatter writes straight into it;
+// otherwise (gradient accumulation, or zero_grad() zeroing in place as LibTorch 1.13 does) it
+// writes into a pooled temporary that is then added onto the stash in place.
+void ParamGroup::issue_reduce(const std::vector<at::Tensor>& grads) {
+  if (!fast_) {
+    reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype(), stats_);
+    reduce_pending_ = true;
+    return;
+  }
+  TraceScope trace("FSDP::reduce_scatter", label_);
+  reduce_direct_ = true;
+  reduce_flat_add_ = grad_flat_.defined();
+  if (grad_flat_.defined()) {
+    const c10::StorageImpl* buffer = grad_flat_.storage().unsafeGetStorageImpl();
+    for (ShardedParam* p : raw_) {
+      const bool aliases = p->stash_aliases(buffer);
+      reduce_direct_ = reduce_direct_ && !aliases;
+      if (p->requires_grad()) reduce_flat_add_ = reduce_flat_add_ && aliases;
+    }
+  }
+  {
+    TraceScope copy_in("FSDP::reduce_scatter_copy_in", label_);
+    CopyTimer copy(stats_);
+    if (!grad_flat_.defined()) init_grad_buffer();
+    reduce_in_.acquire();
+    copy_in_grads(reduce_in_.tensor(), raw_, grads, flat_);
+    if (!reduce_direct_) reduce_tmp_.acquire();
+    reduce_.output = reduce_direct_ ? grad_flat_ : reduce_tmp_.tensor();
+  }
+  reduce_.work =
+      issue_reduce_scatter(reduce_.output, reduce_in_.tensor(), group_, reduce_label_, stats_);
+  reduce_pending_ = true;
+}
+
+void ParamGroup::finish_reduce_fast(double divisor) {
+  CopyTimer copy(stats_);
+  reduce_in_.release();
+  reduce_.output.div_(divisor);
+  if (reduce_direct_) {
+    for (ShardedParam* p : raw_) {
+      if (p->requires_grad()) {
+        p->install_reduced_grad(nullptr);
+      } else {
+        p->accumulate_sharded_grad(at::Tensor());
+      }
+    }
+  } else if (reduce_flat_add_) {
+    // Every trainable stash is its own rows of grad_flat_: one add over the buffer (padding
+    // and frozen rows add zeros), then each stash goes back as the gradient.
+    grad_flat_.add_(reduce_tmp_.tensor());
+    for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
+    reduce_tmp_.release();
+  } else {
+    for (size_t i = 0; i < raw_.size(); ++i) {
+      if (raw_[i]->requires_grad()) {
+        raw_[i]->install_reduced_grad(&tmp_slices_[i]);
+      } else {
+        raw_[i]->accumulate_sharded_grad(at::Tensor());
+      }
+    }
+    reduce_tmp_.release();
+  }
+  reduce_.output = at::Tensor();
+  reduce_.work.reset();
   reduce_pending_ = false;
 }
 

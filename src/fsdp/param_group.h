@@ -11,6 +11,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "fsdp/buffer_pool.h"
 #include "fsdp/collectives.h"
 #include "fsdp/sharded_param.h"
 #include "tdist/comm/process_group.h"
@@ -42,15 +43,19 @@ struct GroupConfig {
   ProcessGroupPtr replicate_group;              // HSDP: gradients all-reduced across it after the
                                                 // reduce-scatter (null: no replication)
   std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
+  at::Tensor flat_shard;  // the params' padded shards already live here (fully_shard)
 };
 
 class ParamGroup {
  public:
   ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedParam>> params,
              ProcessGroupPtr group, GroupConfig config);
+  ~ParamGroup();
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
 
   const std::string& label() const { return label_; }
-  void set_label(std::string label) { label_ = std::move(label); }
+  void set_label(std::string label);
   ShardState shard_state() const { return shard_state_; }
   TrainingState training_state() const { return training_state_; }
   const std::vector<std::unique_ptr<ShardedParam>>& params() const { return params_; }
@@ -93,12 +98,19 @@ class ParamGroup {
   void finalize_backward();
 
   size_t unsharded_bytes() const;
+  /// Whether the group runs on persistent buffers (Note [Persistent buffers]).
+  bool persistent_buffers() const { return fast_; }
 
  private:
   void reshard_post_forward();
   void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
                 ParamGroup* recorded_next);
   c10::ScalarType reduce_dtype() const;
+  void init_persistent_buffers();
+  void init_grad_buffer();
+  /// Copies `grads` in and issues the reduce-scatter (reduce_, reduce_pending_).
+  void issue_reduce(const std::vector<at::Tensor>& grads);
+  void finish_reduce_fast(double divisor);
   void check(bool condition, const char* verb, const char* expected) const;
 
   std::string label_;
@@ -121,6 +133,22 @@ class ParamGroup {
   ReduceScatterResult reduce_;    // valid while a reduce-scatter is pending
   bool reduce_pending_ = false;
   FSDPStats stats_;
+  std::vector<at::Tensor> grads_;  // post_backward's scratch (keeps its capacity)
+  std::string all_gather_label_;   // "<label> all_gather", for the flight recorder
+  std::string reduce_label_;
+
+  // Note [Persistent buffers]: valid when fast_.
+  bool fast_ = false;
+  size_t element_size_ = 0;
+  at::Tensor flat_shard_;               // [total], owns every param's padded shard
+  PooledTensor all_gather_out_;         // [world * total], rank-major
+  PooledBlock unsharded_block_;         // the params' unsharded storage, held while kUnsharded
+  PooledTensor reduce_in_;              // [world * total], rank-major
+  PooledTensor reduce_tmp_;             // [total], reduce output while grads accumulate
+  std::vector<at::Tensor> tmp_slices_;  // per param: its local rows of reduce_tmp_
+  at::Tensor grad_flat_;                // [total], the sharded gradients (created at first reduce)
+  bool reduce_direct_ = true;           // the pending reduce-scatter writes into grad_flat_
+  bool reduce_flat_add_ = false;        // ... else every trainable stash is its rows of grad_flat_
 };
 
 }  // namespace tdist::fsdp::detail

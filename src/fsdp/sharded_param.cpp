@@ -7,31 +7,8 @@
 
 namespace tdist::fsdp::detail {
 
-namespace {
-
-// Points `param` at `data` (Note [Parameter identity]). When only the storage, sizes, strides
-// and offset differ (same dtype, device and layout: every step without mixed precision or
-// offload) this rewrites those fields of P's TensorImpl directly, skipping set_data's
-// dispatcher round trip, its checks and the full metadata copy of shallow_copy_from; the
-// result is the same (identity, autograd metadata and version counter untouched).
-void point_param_at(const at::Tensor& param, const at::Tensor& data) {
-  c10::TensorImpl* impl = param.unsafeGetTensorImpl();
-  const c10::TensorImpl* src = data.unsafeGetTensorImpl();
-  if (impl->dtype() == src->dtype() && impl->device() == src->device() &&
-      impl->layout() == src->layout() && impl->key_set() == src->key_set() &&
-      impl->allow_tensor_metadata_change() && impl->has_storage() && src->has_storage()) {
-    impl->set_storage_keep_dtype(src->storage());
-    impl->set_sizes_and_strides(src->sizes(), src->strides());
-    impl->set_storage_offset(src->storage_offset());
-    return;
-  }
-  util::set_data_in_place(param, data);
-}
-
-}  // namespace
-
 ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
-                           const ParamPolicy& policy)
+                           const ParamPolicy& policy, const at::Tensor& shard_buffer)
     : fqn_(std::move(fqn)), param_(std::move(param)) {
   TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
   layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank);
@@ -47,7 +24,8 @@ ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int ran
   }
   at::NoGradGuard no_grad;
   const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
-  padded_shard_ = at::zeros(layout_.padded_shard_shape(), shard_options_);
+  padded_shard_ = shard_buffer.defined() ? shard_buffer.view(layout_.padded_shard_shape())
+                                         : at::zeros(layout_.padded_shard_shape(), shard_options_);
   if (layout_.local_rows > 0) {
     padded_shard_.view({layout_.shard_rows, layout_.row_numel})
         .narrow(0, 0, layout_.local_rows)
@@ -81,7 +59,7 @@ size_t ShardedParam::unsharded_nbytes() const {
 
 void ShardedParam::use_unsharded() {
   if (holds_unsharded_) return;
-  point_param_at(param_, unsharded_view_);
+  util::point_at(param_, unsharded_view_);
   holds_unsharded_ = true;
 }
 
@@ -92,7 +70,7 @@ void ShardedParam::use_full(const at::Tensor& full) {
 
 void ShardedParam::use_sharded() {
   if (!holds_unsharded_) return;
-  point_param_at(param_, local_shard_);
+  util::point_at(param_, local_shard_);
   holds_unsharded_ = false;
 }
 
@@ -154,6 +132,53 @@ void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
     // A gradient that appeared outside backward (user code) is kept, not overwritten.
     slot = slot + total;
   } else if (total.defined()) {
+    slot = total;
+  }
+}
+
+void ShardedParam::rehome_shard(const at::Tensor& padded_shard) {
+  at::NoGradGuard no_grad;
+  padded_shard.copy_(padded_shard_);
+  padded_shard_ = padded_shard;
+  local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
+  if (!holds_unsharded_) util::set_data_in_place(param_, local_shard_);
+}
+
+void ShardedParam::borrow_unsharded(void* data) {
+  util::borrow_storage(
+      padded_unsharded_, data,
+      static_cast<size_t>(padded_unsharded_.numel()) * padded_unsharded_.element_size());
+}
+
+void ShardedParam::set_grad_alias(at::Tensor alias) {
+  grad_alias_ = std::move(alias);
+}
+
+bool ShardedParam::stash_aliases(const c10::StorageImpl* storage) const {
+  return stashed_grad_.defined() && stashed_grad_.has_storage() &&
+         stashed_grad_.storage().unsafeGetStorageImpl() == storage;
+}
+
+void ShardedParam::install_reduced_grad(const at::Tensor* reduced) {
+  at::Tensor& slot = param_.mutable_grad();
+  at::Tensor total = std::move(stashed_grad_);
+  stashed_grad_ = at::Tensor();
+  if (reduced == nullptr) {
+    // The reduce-scatter wrote this step's gradient straight into grad_alias_'s rows.
+    if (total.defined()) {
+      total.add_(grad_alias_);
+    } else {
+      total = grad_alias_;
+    }
+  } else if (total.defined()) {
+    total.add_(*reduced);  // accumulates in place (in the buffer when total is the alias)
+  } else {
+    grad_alias_.copy_(*reduced);
+    total = grad_alias_;
+  }
+  if (slot.defined()) {
+    slot = slot + total;  // a gradient that appeared outside backward is kept
+  } else {
     slot = total;
   }
 }

@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/StorageImpl.h>
 
 #include "tdist/fsdp/shard_layout.h"
 
@@ -48,8 +49,10 @@ struct ParamPolicy {
 class ShardedParam {
  public:
   /// Shards `param` (currently holding its full data, identical on all ranks) in place.
+  /// `shard_buffer` (optional): padded_shard_numel zeroed elements of the shard dtype/device
+  /// to hold the padded shard (a slice of the group's flat shard, Note [Persistent buffers]).
   ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
-               const ParamPolicy& policy = {});
+               const ParamPolicy& policy = {}, const at::Tensor& shard_buffer = {});
 
   const std::string& fqn() const { return fqn_; }
   const at::Tensor& param() const { return param_; }
@@ -91,6 +94,24 @@ class ShardedParam {
   /// installs the sum as P.grad. `grad` undefined: just restores the stash.
   void accumulate_sharded_grad(const at::Tensor& grad);
 
+  // ---- Note [Persistent buffers] (ParamGroup's fast path) ----
+  /// Moves the padded shard into `padded_shard` (a [shard_rows, ...] view of the group's
+  /// flat shard buffer) and points P at its rows there.
+  void rehome_shard(const at::Tensor& padded_shard);
+  /// Points the unsharded storage at `data` (owned by the group; padded unsharded bytes);
+  /// free_unsharded detaches it again.
+  void borrow_unsharded(void* data);
+  /// This param's rows [local_rows, ...] of the group's persistent gradient buffer (a plain
+  /// tensor, not an autograd view, so optimizers may detach_() it).
+  void set_grad_alias(at::Tensor alias);
+  const at::Tensor& grad_alias() const { return grad_alias_; }
+  /// Whether the stashed gradient lives in `storage` (the group's gradient buffer).
+  bool stash_aliases(const c10::StorageImpl* storage) const;
+  /// Installs this step's reduced gradient: `reduced` is its slice of a temporary output, or
+  /// nullptr when the reduce-scatter wrote straight into grad_alias(). Accumulates onto the
+  /// stash (in place) like accumulate_sharded_grad.
+  void install_reduced_grad(const at::Tensor* reduced);
+
   /// Gradient accumulation without communication (set_requires_gradient_sync(false)): the
   /// unsharded gradient is kept here until a backward that syncs.
   void accumulate_unsharded_grad(const at::Tensor& grad);
@@ -107,6 +128,7 @@ class ShardedParam {
   at::Tensor unsharded_view_;              // padded_unsharded_[:dim0] reshaped to the param's shape
   at::Tensor stashed_grad_;                // sharded grad kept aside during backward
   at::Tensor accumulated_unsharded_grad_;  // no-sync backward's gradient
+  at::Tensor grad_alias_;                  // rows of the group's gradient buffer (fast path)
   at::TensorOptions shard_options_;
   at::TensorOptions unsharded_options_;
   bool requires_grad_ = true;

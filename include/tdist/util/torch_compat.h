@@ -26,3 +26,58 @@ size_t storage_nbytes(const at::Tensor& tensor);
 void set_data_in_place(const at::Tensor& variable, const at::Tensor& data);
 
 }  // namespace tdist::util
+
+// ---- raw TensorImpl / StorageImpl access (FSDP's hot path) ------------------------------
+// Each of these replaces a dispatcher call with the same field writes; they exist in
+// LibTorch 1.13 and 2.x alike.
+
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+
+namespace tdist::util {
+
+/// Points `variable` at `data`'s storage, sizes, strides and offset, keeping its identity,
+/// autograd metadata and version counter (as set_data_in_place). When dtype, device, layout
+/// and dispatch keys already agree this writes those TensorImpl fields directly, skipping
+/// set_data's dispatcher round trip, checks and full metadata copy; otherwise it falls back
+/// to set_data_in_place.
+inline void point_at(const at::Tensor& variable, const at::Tensor& data) {
+  c10::TensorImpl* impl = variable.unsafeGetTensorImpl();
+  const c10::TensorImpl* src = data.unsafeGetTensorImpl();
+  if (impl->dtype() == src->dtype() && impl->device() == src->device() &&
+      impl->layout() == src->layout() && impl->key_set() == src->key_set() &&
+      impl->allow_tensor_metadata_change() && impl->has_storage() && src->has_storage()) {
+    impl->set_storage_keep_dtype(src->storage());
+    impl->set_sizes_and_strides(src->sizes(), src->strides());
+    impl->set_storage_offset(src->storage_offset());
+    return;
+  }
+  set_data_in_place(variable, data);
+}
+
+/// Makes `tensor`'s storage use `nbytes` of memory it does not own, starting at `data`
+/// (e.g. a slice of a larger buffer whose owner outlives this use); free_storage detaches it
+/// again without freeing anything.
+inline void borrow_storage(const at::Tensor& tensor, void* data, size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(data, tensor.device()));
+  storage->set_nbytes(nbytes);
+}
+
+/// Takes the allocation out of `tensor`'s storage (which then holds 0 bytes), handing its
+/// ownership to the caller; the inverse of give_storage.
+inline at::DataPtr take_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  at::DataPtr out = storage->set_data_ptr(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(static_cast<size_t>(0));
+  return out;
+}
+
+/// Gives `tensor`'s storage the allocation `data` (nbytes usable bytes), in place.
+inline void give_storage(const at::Tensor& tensor, at::DataPtr&& data, size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(std::move(data));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace tdist::util

@@ -1,0 +1,92 @@
+#include "fsdp/buffer_pool.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "tdist/util/torch_compat.h"
+
+namespace tdist::fsdp::detail {
+
+PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    largest_ = std::max(largest_, nbytes);
+    // Best fit: the smallest idle block that is large enough (groups of one model mostly
+    // share one size, so this is usually an exact match).
+    size_t best = idle_.size();
+    for (size_t i = 0; i < idle_.size(); ++i) {
+      if (idle_[i].capacity >= nbytes && idle_[i].data.device() == device &&
+          (best == idle_.size() || idle_[i].capacity < idle_[best].capacity)) {
+        best = i;
+      }
+    }
+    if (best != idle_.size()) {
+      PooledBlock block = std::move(idle_[best]);
+      idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(best));
+      idle_bytes_ -= block.capacity;
+      return block;
+    }
+  }
+  PooledBlock block;
+  block.data = c10::GetAllocator(device.type())->allocate(nbytes);
+  block.capacity = nbytes;
+  return block;
+}
+
+void BufferPool::release(PooledBlock&& block) {
+  if (!block) return;
+  PooledBlock freed;  // destroyed outside the lock
+  std::vector<PooledBlock> evicted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const size_t cap = kIdleBlocks * largest_;
+    if (block.capacity > cap) {
+      freed = std::move(block);
+    } else {
+      idle_bytes_ += block.capacity;
+      idle_.push_back(std::move(block));
+      while (idle_bytes_ > cap && !idle_.empty()) {
+        idle_bytes_ -= idle_.front().capacity;
+        evicted.push_back(std::move(idle_.front()));
+        idle_.erase(idle_.begin());
+      }
+    }
+  }
+}
+
+size_t BufferPool::idle_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_bytes_;
+}
+
+BufferPool& buffer_pool() {
+  static BufferPool* pool = new BufferPool();  // leaked: blocks may be released at exit
+  return *pool;
+}
+
+void PooledTensor::init(int64_t numel, const at::TensorOptions& options) {
+  tensor_ = at::empty({numel}, options);
+  nbytes_ = tensor_.nbytes();
+  util::free_storage(tensor_);
+  held_ = false;
+}
+
+void PooledTensor::acquire() {
+  if (held_) return;
+  PooledBlock block = buffer_pool().acquire(nbytes_, tensor_.device());
+  capacity_ = block.capacity;
+  util::give_storage(tensor_, std::move(block.data), nbytes_);
+  held_ = true;
+}
+
+void PooledTensor::release() {
+  if (!held_) return;
+  PooledBlock block;
+  block.data = util::take_storage(tensor_);
+  block.capacity = capacity_;
+  held_ = false;
+  buffer_pool().release(std::move(block));
+}
+
+}  // namespace tdist::fsdp::detail
