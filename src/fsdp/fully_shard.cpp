@@ -234,8 +234,8 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
     const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
     flat = flat && total > 0 && !policy.offload_to_cpu && !policy.compute_device &&
            (!policy.param_dtype || *policy.param_dtype == dtype) &&
-           (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
-           env != nullptr && std::string(env) == "1";
+           (!config.reduce_dtype || *config.reduce_dtype == dtype) && env != nullptr &&
+           std::string(env) == "1";
     if (flat) config.flat_shard = at::zeros({total}, at::TensorOptions().dtype(first.dtype()));
     std::vector<std::unique_ptr<detail::ShardedParam>> params;
     int64_t offset = 0;
