@@ -76,10 +76,7 @@ int take_tag(const DirectComm& c) {
   return static_cast<int>((*c.sequence)++ % 16000) * 2;
 }
 
-bool use_direct(int size, int64_t bytes, at::ScalarType dtype, bool reduces, ReduceOp op) {
-  const int64_t min_bytes = direct_min_bytes();
-  if (min_bytes < 0 || size < 2 || size > kDirectMaxRanks || bytes < min_bytes) return false;
-  if (!reduces) return true;
+bool reduce_out_supports(at::ScalarType dtype, ReduceOp op) {
   if (dtype == at::kBool) return false;
   switch (op) {
     case ReduceOp::SUM:
@@ -91,6 +88,13 @@ bool use_direct(int size, int64_t bytes, at::ScalarType dtype, bool reduces, Red
     default:
       return false;
   }
+}
+
+bool use_direct(int size, int64_t bytes, at::ScalarType dtype, bool reduces, ReduceOp op) {
+  const int64_t min_bytes = direct_min_bytes();
+  if (min_bytes < 0 || size < 2 || size > kDirectMaxRanks || bytes < min_bytes) return false;
+  if (!reduces) return true;
+  return reduce_out_supports(dtype, op);
 }
 
 StartedOp direct_reduce_scatter(const DirectComm& c, at::Tensor in, at::Tensor out, ReduceOp op,

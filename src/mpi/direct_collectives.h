@@ -32,6 +32,10 @@ namespace tdist::mpi::detail {
 /// out = a (op) b, elementwise (SUM/AVG add, PRODUCT, MIN, MAX); out may alias a or b.
 void reduce_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ReduceOp op);
 
+/// Whether reduce_out applies `op` to `dtype` (SUM, AVG, PRODUCT, MIN, MAX on non-bool
+/// dtypes): the collectives that reduce through it fall back to MPI's own otherwise.
+bool reduce_out_supports(at::ScalarType dtype, ReduceOp op);
+
 /// Scratch buffers reused across ops; used only on the executor thread.
 class ScratchPool {
  public:

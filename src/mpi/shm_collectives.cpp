@@ -148,17 +148,7 @@ bool use_shm(const ShmWindow* window, int64_t bytes, at::ScalarType dtype, bool 
   static const int64_t max_bytes = env_int("TDIST_MPI_SHM_MAX_BYTES", -1);
   if (bytes < min_bytes || (max_bytes >= 0 && bytes > max_bytes)) return false;
   if (!reduces) return true;
-  if (dtype == at::kBool) return false;
-  switch (op) {
-    case ReduceOp::SUM:
-    case ReduceOp::AVG:
-    case ReduceOp::PRODUCT:
-    case ReduceOp::MIN:
-    case ReduceOp::MAX:
-      return true;
-    default:
-      return false;
-  }
+  return reduce_out_supports(dtype, op);
 }
 
 namespace {
