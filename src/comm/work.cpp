@@ -9,9 +9,11 @@ Work::Work(std::string op_name, std::vector<at::Tensor> outputs)
 
 bool Work::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
+  // Done means completed with every callback run (see finish_with_error).
+  auto done = [&] { return completed_ && callbacks_.empty(); };
   if (timeout.count() < 0) {
-    cv_.wait(lock, [&] { return completed_; });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    cv_.wait(lock, done);
+  } else if (!cv_.wait_for(lock, timeout, done)) {
     TDIST_THROW(TimeoutError, "Work::wait: '" + op_name_ + "' did not complete within " +
                                   std::to_string(timeout.count()) + " ms");
   }
@@ -21,7 +23,7 @@ bool Work::wait(std::chrono::milliseconds timeout) {
 
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
+  return completed_ && callbacks_.empty();
 }
 
 bool Work::is_success() const {
@@ -50,16 +52,32 @@ void Work::finish() {
 }
 
 void Work::finish_with_error(std::exception_ptr error) {
+  // The callbacks (the flight recorder marking the collective completed, MPI copying results
+  // out) run before waiters wake: whatever they do is visible once wait() returns. They stay
+  // in callbacks_ meanwhile, which keeps wait() and is_completed() waiting; a then() arriving
+  // now runs at once (completed_ is set).
   std::vector<std::function<void(Work&)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return;  // idempotent: the first outcome wins
     completed_ = true;
     error_ = std::move(error);
-    callbacks.swap(callbacks_);
+    callbacks = callbacks_;
   }
-  cv_.notify_all();
-  for (auto& callback : callbacks) callback(*this);
+  auto release_waiters = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      callbacks_.clear();
+    }
+    cv_.notify_all();
+  };
+  try {
+    for (auto& callback : callbacks) callback(*this);
+  } catch (...) {
+    release_waiters();  // a throwing callback must not leave waiters blocked
+    throw;
+  }
+  release_waiters();
 }
 
 WorkPtr completed_work(std::string op_name, std::vector<at::Tensor> outputs) {
