@@ -2,6 +2,8 @@
 // at wait() with DistBackendError on the ranks that see them; a silent peer times out and
 // the group refuses later work.
 
+#include <signal.h>
+
 #include <atomic>
 #include <thread>
 
@@ -170,6 +172,32 @@ TEST(GlooErrors, ConstructorValidates) {
   EXPECT_THROW(GlooBackend(store, 2, 2, std::chrono::seconds(1)), InvalidArgument);
   EXPECT_THROW(GlooBackend(store, 0, 0, std::chrono::seconds(1)), InvalidArgument);
   EXPECT_THROW(GlooBackend(nullptr, 0, 1, std::chrono::seconds(1)), InvalidArgument);
+}
+
+void program_sigpipe_handler(int) {}
+
+sighandler_t sigpipe_disposition() {
+  struct sigaction current {};
+  sigaction(SIGPIPE, nullptr, &current);
+  return current.sa_handler;
+}
+
+// See Note [SIGPIPE] in src/comm/gloo/gloo_comm.cpp: a survivor writing to a dead peer's
+// socket must get a NetworkError, not die of SIGPIPE (seen once in CI as "signal 13").
+TEST(GlooErrors, SigpipeIsIgnoredUnlessTheProgramHandlesIt) {
+  struct sigaction saved {};
+  sigaction(SIGPIPE, nullptr, &saved);
+  auto one_all_reduce = [](GlooBackend& b, int, int) {
+    at::Tensor t = torch::ones({4});
+    b.all_reduce(t, {})->wait();
+  };
+  signal(SIGPIPE, SIG_DFL);
+  run_gloo(2, one_all_reduce);
+  EXPECT_EQ(sigpipe_disposition(), SIG_IGN);
+  signal(SIGPIPE, program_sigpipe_handler);
+  run_gloo(2, one_all_reduce);
+  EXPECT_EQ(sigpipe_disposition(), &program_sigpipe_handler);
+  sigaction(SIGPIPE, &saved, nullptr);
 }
 
 }  // namespace

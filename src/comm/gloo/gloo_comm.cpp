@@ -1,5 +1,6 @@
 #include "comm/gloo/gloo_comm.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <gloo/common/error.h>
@@ -79,11 +80,23 @@ std::shared_ptr<gloo::transport::Device> make_device(const GlooBackendOptions& o
   }
 }
 
+// Note [SIGPIPE]: libgloo writes to its sockets with writev(), which raises SIGPIPE in the
+// writing process when a peer has died, and SIGPIPE's default action kills it: the survivor
+// would die with the victim instead of getting the NetworkError that names it. Python
+// ignores SIGPIPE at start-up, so c10d never meets this; a C++ program does. Ignore it then,
+// but only when nobody chose a disposition: a program's own handler stays.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+}
+
 }  // namespace
 
 GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                    const GlooBackendOptions& options)
     : rank_(rank), size_(size), segment_bytes_(std::max<size_t>(options.segment_bytes(), 4096)) {
+  ignore_sigpipe_unless_handled();
   const int channels = std::max(1, options.channels());
   StoreAdapter adapter(store, timeout);
   for (int c = 0; c < channels; ++c) {
