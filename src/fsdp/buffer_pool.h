@@ -31,8 +31,12 @@ struct PooledBlock {
 
 class BufferPool {
  public:
-  /// Idle blocks kept, in units of the largest request seen.
-  static constexpr size_t kIdleBlocks = 4;
+  /// Idle blocks kept, in units of the largest request seen. Two is what a steady step of
+  /// equal-sized groups reuses (the all-gather output released at copy-out and the
+  /// unsharded block released at reshard are taken by the next group's all-gather and
+  /// unshard); every idle block more is memory at the activation peak (four did not fit
+  /// bench_fsdp_1b's cap).
+  static constexpr size_t kIdleBlocks = 2;
 
   /// A block of at least `nbytes` on `device` (CPU only), cached or newly allocated.
   PooledBlock acquire(size_t nbytes, c10::Device device);
@@ -49,6 +53,10 @@ class BufferPool {
 
 /// The process-wide pool.
 BufferPool& buffer_pool();
+
+/// Whether groups that can use Note [Persistent buffers] do (collectives.h):
+/// TDIST_FSDP_PERSISTENT_BUFFERS, "1" (default) or "0"; any other value raises.
+bool persistent_buffers_enabled();
 
 /// A 1-D tensor whose StorageImpl (and so every tensor made from it) lives across steps while
 /// its bytes come from the pool only between acquire() and release().

@@ -231,11 +231,10 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
       total += numels.back();
     }
     const auto dtype = c10::typeMetaToScalarType(first.dtype());
-    const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
     flat = flat && total > 0 && !policy.offload_to_cpu && !policy.compute_device &&
            (!policy.param_dtype || *policy.param_dtype == dtype) &&
-           (!config.reduce_dtype || *config.reduce_dtype == dtype) && env != nullptr &&
-           std::string(env) == "1";
+           (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
+           detail::persistent_buffers_enabled();
     if (flat) config.flat_shard = at::zeros({total}, at::TensorOptions().dtype(first.dtype()));
     std::vector<std::unique_ptr<detail::ShardedParam>> params;
     int64_t offset = 0;

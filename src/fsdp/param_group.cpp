@@ -67,15 +67,6 @@ at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<i
   return t;
 }
 
-// Opt-in (TDIST_FSDP_PERSISTENT_BUFFERS=1): keeping every group's collective buffers alive
-// across steps halves FSDP's copies but costs ~3 unsharded-group buffers per group of memory;
-// a 1.02e9-parameter GPT at world 2 then no longer fits the 9.8 GiB per-rank cap under which
-// the default path trains it (bench/RESULTS.md, session 4).
-bool persistent_buffers_enabled() {
-  const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
-  return env != nullptr && std::string(env) == "1";
-}
-
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
   CommTimer timer(stats.wait_ns);
   std::chrono::milliseconds timeout = group->timeout();
@@ -142,7 +133,7 @@ void ParamGroup::set_label(std::string label) {
 
 // Note [Persistent buffers] (collectives.h): only for plain CPU groups computed and reduced
 // in the parameters' own dtype; mixed precision, offload and other devices keep the general
-// path. Opt-in: TDIST_FSDP_PERSISTENT_BUFFERS=1 (see persistent_buffers_enabled).
+// path. TDIST_FSDP_PERSISTENT_BUFFERS=0 turns it off (persistent_buffers_enabled).
 void ParamGroup::init_persistent_buffers() {
   if (raw_.empty() || flat_.total == 0 || !persistent_buffers_enabled()) return;
   const at::TensorOptions& options = raw_.front()->shard_options();
