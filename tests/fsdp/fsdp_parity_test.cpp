@@ -36,8 +36,18 @@ torch::optim::AdamW make_adamw(TinyTransformer& model) {
                              torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
 }
 
+// LibTorch 2.x's Optimizer::zero_grad() sets gradients to none (1.13's zeroes them); FSDP's
+// sharded gradients must be recreated after either.
+void clear_grads(torch::optim::Optimizer& opt, bool to_none) {
+  if (!to_none) return opt.zero_grad();
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  }
+}
+
 // One training scenario, configured by env: FSDP_TEST_RESHARD ("true", "false", or k),
-// FSDP_TEST_ACCUM (micro-batches per step), FSDP_TEST_SHAPES ("even"/"uneven").
+// FSDP_TEST_ACCUM (micro-batches per step), FSDP_TEST_SHAPES ("even"/"uneven"),
+// FSDP_TEST_GRADS_TO_NONE ("1": clear gradients as LibTorch 2.x's zero_grad() does).
 void run_parity() {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const int world = get_world_size();
@@ -46,6 +56,7 @@ void run_parity() {
   const std::string reshard = env_str("FSDP_TEST_RESHARD", "true");
   const int accum = std::atoi(env_str("FSDP_TEST_ACCUM", "1").c_str());
   const bool prefetch = env_str("FSDP_TEST_PREFETCH", "1") == "1";
+  const bool to_none = env_str("FSDP_TEST_GRADS_TO_NONE", "0") == "1";
 
   // Reference: one process, the whole global batch.
   TinyTransformer ref = testing::make_tiny(c);
@@ -66,12 +77,12 @@ void run_parity() {
   const int64_t global_batch = kLocalBatch * world * accum;
   for (int step = 0; step < kSteps; ++step) {
     auto [inputs, targets] = testing::tiny_batch(c, global_batch, step);
-    ref_opt.zero_grad();
+    clear_grads(ref_opt, to_none);
     auto ref_loss = testing::lm_loss(ref->forward(inputs), targets);
     ref_loss.backward();
     ref_opt.step();
 
-    opt.zero_grad();
+    clear_grads(opt, to_none);
     double loss_sum = 0;
     for (int micro = 0; micro < accum; ++micro) {
       // Rank r's micro-batch m: rows [(m * world + r) * B, ... + B) of the global batch.
@@ -145,6 +156,12 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{
             "uneven_int2_w4", 4, {{"FSDP_TEST_SHAPES", "uneven"}, {"FSDP_TEST_RESHARD", "2"}}},
         ParityCase{"accum_w2", 2, {{"FSDP_TEST_ACCUM", "2"}}},
+        ParityCase{"grads_to_none_w3", 3, {{"FSDP_TEST_GRADS_TO_NONE", "1"}}},
+        ParityCase{"grads_to_none_accum_zero2_w2",
+                   2,
+                   {{"FSDP_TEST_GRADS_TO_NONE", "1"},
+                    {"FSDP_TEST_ACCUM", "2"},
+                    {"FSDP_TEST_RESHARD", "false"}}},
         ParityCase{
             "accum_zero2_w3", 3, {{"FSDP_TEST_ACCUM", "3"}, {"FSDP_TEST_RESHARD", "false"}}}),
     [](const ::testing::TestParamInfo<ParityCase>& info) { return std::string(info.param.name); });
