@@ -32,6 +32,14 @@ at::ScalarType accumulation_dtype(at::ScalarType dtype);
 /// The elementwise combiner for `op` on `dtype` (AVG combines as SUM; see finish_average).
 ReduceFn make_reduce_fn(ReduceOp op, at::ScalarType dtype);
 
+/// dst = source(0) op source(1) op ... op source(n - 1), folded in rank order, n >= 2. Every
+/// rank folds in the same order, so floating-point results are bitwise identical across ranks.
+template <typename Source>
+void fold_in_rank_order(const ReduceFn& fn, void* dst, int n, size_t numel, Source&& source) {
+  fn(dst, source(0), source(1), numel);
+  for (int p = 2; p < n; ++p) fn(dst, dst, source(p), numel);
+}
+
 /// Divides the `numel` elements at ptr by world_size in place when op is AVG (integers
 /// truncate toward zero, as NCCL's average does).
 void finish_average(ReduceOp op, void* ptr, size_t numel, at::ScalarType dtype, int world_size);

@@ -166,8 +166,7 @@ bool reduce_whole(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op, at:
   at::Tensor work = staged_output(t, acc);
   char* dst = bytes_of(work);
   if (numel > 0) {
-    fn(dst, half[0], half[1], numel);
-    for (int p = 2; p < n; ++p) fn(dst, dst, half[p], numel);
+    fold_in_rank_order(fn, dst, n, numel, [&](int p) { return half[p]; });
   }
   finish_average(op, dst, numel, acc, n);
   unstage(t, work);
@@ -213,8 +212,7 @@ bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   for (size_t done = 0; done < counts[r]; done += per_block) {
     const size_t k = std::min(per_block, counts[r] - done);
     const size_t at = done * esz;
-    fn(block.data(), source(0, at), source(1, at), k);
-    for (int p = 2; p < n; ++p) fn(block.data(), block.data(), source(p, at), k);
+    fold_in_rank_order(fn, block.data(), n, k, [&](int p) { return source(p, at); });
     finish_average(op, block.data(), k, acc, n);
     std::memcpy(data + offset[r] + at, block.data(), k * esz);
     std::memcpy(half[r] + offset[r] + at, block.data(), k * esz);
@@ -261,10 +259,8 @@ bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
   at::Tensor work = staged_output(out, acc);
   char* dst = bytes_of(work);
   const ReduceFn fn = make_reduce_fn(op, acc);
-  // Rank order (0, 1, ...), the same on every rank.
   if (numel > 0) {
-    fn(dst, half[0] + r * chunk, half[1] + r * chunk, numel);
-    for (int p = 2; p < n; ++p) fn(dst, dst, half[p] + r * chunk, numel);
+    fold_in_rank_order(fn, dst, n, numel, [&](int p) { return half[p] + r * chunk; });
   }
   finish_average(op, dst, numel, acc, n);
   unstage(out, work);

@@ -99,8 +99,7 @@ void symmetric_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp
   for (size_t done = 0; n > 1 && done < counts[r]; done += per_block) {
     const size_t k = std::min(per_block, counts[r] - done);
     const size_t at = offset[r] + done * esz;
-    fn(block.data(), views[0] + at, views[1] + at, k);
-    for (int p = 2; p < n; ++p) fn(block.data(), block.data(), views[p] + at, k);
+    fold_in_rank_order(fn, block.data(), n, k, [&](int p) { return views[p] + at; });
     std::memcpy(data + at, block.data(), k * esz);
   }
   finish_average(op, data + offset[r], counts[r], dtype, n);
@@ -126,8 +125,7 @@ void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, co
   if (n == 1) {
     std::memcpy(dst, views[0], chunk);
   } else {
-    fn(dst, views[0] + r * chunk, views[1] + r * chunk, numel);
-    for (int p = 2; p < n; ++p) fn(dst, dst, views[p] + r * chunk, numel);
+    fold_in_rank_order(fn, dst, n, numel, [&](int p) { return views[p] + r * chunk; });
   }
   finish_average(op, dst, numel, dtype, n);
   shm_notify_all(ex, arena);
