@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "mpi/mpi_world.h"
 #include "tdist/comm/backend.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -14,17 +15,9 @@ namespace {
 using tdist::ReduceOp;
 using tdist::mpi::MPIBackend;
 
-MPIBackend& pg() {
-  static auto backend = std::make_shared<MPIBackend>(
-      nullptr, tdist::mpi::world_rank(), tdist::mpi::world_size(), std::chrono::seconds(60));
-  return *backend;
-}
-int rank() {
-  return pg().rank();
-}
-int world() {
-  return pg().size();
-}
+using tdist::mpi::testing::pg;
+using tdist::mpi::testing::rank;
+using tdist::mpi::testing::world;
 
 const std::vector<at::ScalarType> kAllDtypes = {at::kFloat,    at::kDouble, at::kHalf,
                                                 at::kBFloat16, at::kByte,   at::kChar,

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include "mpi/mpi_world.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
 
@@ -15,17 +16,9 @@ namespace {
 using tdist::ReduceOp;
 using tdist::mpi::MPIBackend;
 
-MPIBackend& pg() {
-  static auto backend = std::make_shared<MPIBackend>(
-      nullptr, tdist::mpi::world_rank(), tdist::mpi::world_size(), std::chrono::seconds(60));
-  return *backend;
-}
-int rank() {
-  return pg().rank();
-}
-int world() {
-  return pg().size();
-}
+using tdist::mpi::testing::pg;
+using tdist::mpi::testing::rank;
+using tdist::mpi::testing::world;
 
 // TDIST_MPI_SHM=0 (the test_mpi_shm_off variant): the same ops on MPI messages.
 bool shm_off() {
