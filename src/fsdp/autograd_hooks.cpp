@@ -1,5 +1,7 @@
 #include "fsdp/autograd_hooks.h"
 
+#include <typeinfo>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -46,6 +48,48 @@ class BoundaryNode final : public torch::autograd::Node {
   bool pre_backward_;
 };
 
+// Note [Boundary aliases]
+// The alias a boundary tensor is replaced by: a new TensorImpl over the same storage, sizes,
+// strides and offset, sharing the tensor's version counter (so autograd's saved-tensor checks
+// still see in-place writes through it), built directly instead of with view_as, whose
+// dispatch and view tracking cost ~20 us per tensor on LibTorch 1.13 CPU (measured inside
+// FSDP's hooks, bench/RESULTS.md session 5). It is not an autograd view of the tensor: an
+// in-place op on it rebases its own history onto the boundary node, which is what a view made
+// under no-grad would refuse. A tensor that is itself an autograd view takes view_as too: an
+// in-place op through an alias autograd does not know as its view would bypass the
+// rebasing of the base's history, and gradients through the base would silently be wrong.
+// So do tensors sharing storage with another tensor of the same boundary (one may be the
+// other's base), and anything but a plain strided TensorImpl.
+at::Tensor boundary_alias(const at::Tensor& t, bool shares_storage) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (shares_storage || typeid(*impl) != typeid(c10::TensorImpl) || !impl->has_storage() ||
+      t.layout() != c10::kStrided || t.is_view()) {
+    at::AutoGradMode no_grad(false);
+    return t.view_as(t);
+  }
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()),
+                                                              impl->key_set(), impl->dtype());
+  c10::TensorImpl* out = alias.unsafeGetTensorImpl();
+  out->set_sizes_and_strides(impl->sizes(), impl->strides());
+  out->set_storage_offset(impl->storage_offset());
+  out->set_version_counter(impl->version_counter());
+  return alias;
+}
+
+// Whether two of the tensors that get an alias share a storage (Note [Boundary aliases]).
+bool aliased_tensors_share_storage(const std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined() || !tensors[i].requires_grad() || !tensors[i].has_storage()) continue;
+    for (size_t j = i + 1; j < tensors.size(); ++j) {
+      if (tensors[j].defined() && tensors[j].requires_grad() && tensors[j].has_storage() &&
+          tensors[i].storage().is_alias_of(tensors[j].storage())) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 std::vector<at::Tensor> thread_through_node(FSDPState* state, bool pre_backward,
                                             std::vector<at::Tensor> tensors) {
   edge_list next_edges;
@@ -57,13 +101,10 @@ std::vector<at::Tensor> thread_through_node(FSDPState* state, bool pre_backward,
   if (next_edges.empty()) return tensors;
   std::shared_ptr<BoundaryNode> node(new BoundaryNode(state, pre_backward, std::move(next_edges)),
                                      torch::autograd::deleteNode);
+  const bool shares_storage = aliased_tensors_share_storage(tensors);
   for (auto& t : tensors) {
     if (!t.defined() || !t.requires_grad()) continue;
-    at::Tensor alias;
-    {
-      at::AutoGradMode no_grad(false);
-      alias = t.view_as(t);
-    }
+    at::Tensor alias = boundary_alias(t, shares_storage);
     torch::autograd::create_gradient_edge(alias, node);
     t = std::move(alias);
   }

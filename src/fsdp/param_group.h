@@ -103,6 +103,8 @@ class ParamGroup {
 
  private:
   void reshard_post_forward();
+  /// Points every parameter at its unsharded data / its shard (Note [Parameter identity]).
+  void point_params(bool unsharded);
   void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
                 ParamGroup* recorded_next);
   c10::ScalarType reduce_dtype() const;

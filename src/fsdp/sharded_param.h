@@ -84,6 +84,12 @@ class ShardedParam {
   /// Points P at `full` (summon_full_params' separately gathered full data).
   void use_full(const at::Tensor& full);
   bool holds_unsharded() const { return holds_unsharded_; }
+  /// Note [Prefetching before re-pointing]: asks the CPU to bring into cache the TensorImpls
+  /// that use_unsharded / use_sharded (`unsharded`) are about to touch.
+  void prefetch_pointing(bool unsharded) const {
+    prefetch_impl(param_, /*write=*/true);
+    prefetch_impl(unsharded ? unsharded_view_ : local_shard_, /*write=*/false);
+  }
 
   /// Before backward: moves P's sharded gradient aside so autograd accumulates the
   /// unsharded gradient into an empty .grad.
@@ -119,6 +125,17 @@ class ShardedParam {
   at::Tensor take_accumulated_unsharded_grad();
 
  private:
+  static void prefetch_impl(const at::Tensor& t, bool write) {
+    const char* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());
+    for (int line = 0; line < 4; ++line) {  // a TensorImpl spans ~3-4 cache lines
+      if (write) {
+        __builtin_prefetch(impl + 64 * line, 1);
+      } else {
+        __builtin_prefetch(impl + 64 * line, 0);
+      }
+    }
+  }
+
   std::string fqn_;
   at::Tensor param_;  // the module's parameter (identity never changes)
   ShardLayout layout_;

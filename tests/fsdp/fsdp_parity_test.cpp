@@ -27,8 +27,10 @@ constexpr double kTol = 1e-5;
 using tdist::testing::env_str;
 
 TinyConfig config_from_env() {
-  return env_str("FSDP_TEST_SHAPES", "even") == "uneven" ? testing::uneven_tiny_config()
-                                                         : TinyConfig();
+  TinyConfig c = env_str("FSDP_TEST_SHAPES", "even") == "uneven" ? testing::uneven_tiny_config()
+                                                                 : TinyConfig();
+  if (env_str("FSDP_TEST_INPLACE_OUTPUTS", "0") == "1") c.inplace_output_scale = 0.5;
+  return c;
 }
 
 torch::optim::AdamW make_adamw(TinyTransformer& model) {
@@ -47,7 +49,8 @@ void clear_grads(torch::optim::Optimizer& opt, bool to_none) {
 
 // One training scenario, configured by env: FSDP_TEST_RESHARD ("true", "false", or k),
 // FSDP_TEST_ACCUM (micro-batches per step), FSDP_TEST_SHAPES ("even"/"uneven"),
-// FSDP_TEST_GRADS_TO_NONE ("1": clear gradients as LibTorch 2.x's zero_grad() does).
+// FSDP_TEST_GRADS_TO_NONE ("1": clear gradients as LibTorch 2.x's zero_grad() does),
+// FSDP_TEST_INPLACE_OUTPUTS ("1": scale each block's output in place).
 void run_parity() {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const int world = get_world_size();
@@ -157,6 +160,7 @@ INSTANTIATE_TEST_SUITE_P(
             "uneven_int2_w4", 4, {{"FSDP_TEST_SHAPES", "uneven"}, {"FSDP_TEST_RESHARD", "2"}}},
         ParityCase{"accum_w2", 2, {{"FSDP_TEST_ACCUM", "2"}}},
         ParityCase{"grads_to_none_w3", 3, {{"FSDP_TEST_GRADS_TO_NONE", "1"}}},
+        ParityCase{"inplace_outputs_w2", 2, {{"FSDP_TEST_INPLACE_OUTPUTS", "1"}}},
         ParityCase{"grads_to_none_accum_zero2_w2",
                    2,
                    {{"FSDP_TEST_GRADS_TO_NONE", "1"},

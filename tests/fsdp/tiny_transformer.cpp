@@ -43,7 +43,10 @@ TinyTransformerImpl::TinyTransformerImpl(const TinyConfig& c) : config(c) {
 
 torch::Tensor TinyTransformerImpl::forward(torch::Tensor idx) {
   auto x = tok(idx) + pos.narrow(0, 0, idx.size(1));
-  for (auto& block : blocks) x = tdist::fsdp::forward(block, x);  // was: x = block(x)
+  for (auto& block : blocks) {
+    x = tdist::fsdp::forward(block, x);  // was: x = block(x)
+    if (config.inplace_output_scale != 0) x.mul_(config.inplace_output_scale);
+  }
   return head(ln_f(x));
 }
 

@@ -16,6 +16,9 @@ struct TinyConfig {
   int64_t hidden = 32;
   int64_t seq = 8;
   int64_t blocks = 2;
+  // Non-zero: each block's output is scaled in place by this after fsdp::forward (an in-place
+  // op on FSDP's boundary output, Note [Boundary aliases]).
+  double inplace_output_scale = 0;
 };
 
 class TinyBlockImpl : public torch::nn::Module {
