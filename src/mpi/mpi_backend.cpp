@@ -162,9 +162,10 @@ WorkPtr submit(CollectiveBackend* backend, std::string name, std::vector<at::Ten
 // caller's), ~15-20 us per op here, a fifth of a 1 MiB all_gather. It does so only when no
 // other collective of the communicator is in flight (so issue order and data dependencies
 // hold, Note [Executor lanes]), for ops up to kInlineMaxBytes, and only for kInlineBudget:
-// if a peer has not arrived by then, the rest of the op goes to the executor, so the call
-// stays asynchronous in effect (it never waits for a peer for longer than the budget, so
-// programs that overlap a collective with work a peer needs first cannot deadlock).
+// if the op makes no progress for that long (a peer has not arrived), the rest of it goes to
+// the executor, so the call stays asynchronous in effect (it never waits for a peer for
+// longer than the budget, so programs that overlap a collective with work a peer needs
+// first cannot deadlock).
 // TDIST_MPI_SHM_INLINE=0 turns it off (every op goes through the executor).
 constexpr int64_t kInlineMaxBytes = int64_t(4) << 20;
 constexpr auto kInlineBudget = std::chrono::microseconds(200);
@@ -187,9 +188,15 @@ WorkPtr submit_shm(CollectiveBackend* backend, const detail::Communicator& comm,
   } else if (inline_start) {
     bool done = false;
     try {
-      const auto until = Executor::Clock::now() + kInlineBudget;
-      bool progressed = false;
-      while (!(done = op.poll(progressed)) && Executor::Clock::now() < until) {
+      // The budget bounds the time spent waiting for peers, not copying: it restarts
+      // whenever the op progresses (a 4 MiB op copies for longer than the budget).
+      auto until = Executor::Clock::now() + kInlineBudget;
+      while (true) {
+        bool progressed = false;
+        if ((done = op.poll(progressed))) break;
+        const auto now = Executor::Clock::now();
+        if (progressed) until = now + kInlineBudget;
+        if (now >= until) break;
         std::this_thread::yield();
       }
       if (done && op.on_complete) op.on_complete();

@@ -200,6 +200,29 @@ TEST(MPIShm, OpsOnOneTensorSeeEachOthersResults) {
   EXPECT_TRUE(t.eq(want).all().item<bool>()) << t[0].item<float>() << " want " << want;
 }
 
+TEST(MPIShm, AnAsyncOpWhosePeerWaitsForThisRankFirstDoesNotDeadlock) {
+  // Rank 0 issues an all_reduce (small enough to start on the calling thread, Note [Inline
+  // start] in src/mpi/mpi_backend.cpp) and only then sends what rank 1 waits for before it
+  // issues its all_reduce: the call must hand the op to the executor instead of waiting
+  // for rank 1 inside all_reduce.
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  auto t = torch::full({1 << 18}, static_cast<float>(rank() + 1));
+  auto token = torch::zeros({4});
+  if (rank() == 0) {
+    auto reduce = pg().all_reduce(t, {});
+    pg().send(torch::ones({4}), 1, {})->wait();
+    reduce->wait();
+  } else if (rank() == 1) {
+    pg().recv(token, 0, {})->wait();
+    EXPECT_TRUE(token.eq(1).all().item<bool>());
+    pg().all_reduce(t, {})->wait();
+  } else {
+    pg().all_reduce(t, {})->wait();
+  }
+  const float want = static_cast<float>(world() * (world() + 1) / 2);
+  EXPECT_TRUE(t.eq(want).all().item<bool>()) << t[0].item<float>() << " want " << want;
+}
+
 TEST(MPIShm, NonContiguousAndStagedTensors) {
   auto base = torch::arange(3 * 1001, torch::kFloat).reshape({3, 1001});
   auto view = base.t();  // non-contiguous: staged, then copied back
