@@ -149,19 +149,34 @@ at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedPa
       .narrow(0, 0, pl.local_rows);
 }
 
-WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
-                         const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats) {
+namespace {
+
+// Issues `collective` (async) on a real group, timed as issuing; a group of one has nothing
+// to exchange, so output (as many bytes as input there) is a copy of input.
+template <typename Collective>
+WorkPtr issue_flat(const char* name, const at::Tensor& output, const at::Tensor& input,
+                   const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats,
+                   Collective&& collective) {
   if (group->size() == 1) {
     {
       CopyTimer copy(stats);
-      std::memcpy(output.data_ptr(), input.data_ptr(), input.nbytes());
+      std::memcpy(output.data_ptr(), input.data_ptr(), output.nbytes());
     }
     CommTimer issue(stats.comm_issue_ns);
-    return completed_work("all_gather_into_tensor", {output});
+    return completed_work(name, {output});
   }
   CommTimer issue(stats.comm_issue_ns);
   CollectiveLabelScope label_scope(label);
-  return all_gather_into_tensor(output, input, group, /*async_op=*/true);
+  return collective();
+}
+
+}  // namespace
+
+WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
+                         const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats) {
+  return issue_flat("all_gather_into_tensor", output, input, group, label, stats, [&] {
+    return all_gather_into_tensor(output, input, group, /*async_op=*/true);
+  });
 }
 
 void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
@@ -221,17 +236,9 @@ void copy_in_grads(const at::Tensor& input, const std::vector<ShardedParam*>& pa
 WorkPtr issue_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                              const ProcessGroupPtr& group, const std::string& label,
                              FSDPStats& stats) {
-  if (group->size() == 1) {
-    {
-      CopyTimer copy(stats);
-      std::memcpy(output.data_ptr(), input.data_ptr(), output.nbytes());
-    }
-    CommTimer issue(stats.comm_issue_ns);
-    return completed_work("reduce_scatter_tensor", {output});
-  }
-  CommTimer issue(stats.comm_issue_ns);
-  CollectiveLabelScope label_scope(label);
-  return reduce_scatter_tensor(output, input, ReduceOp::SUM, group, /*async_op=*/true);
+  return issue_flat("reduce_scatter_tensor", output, input, group, label, stats, [&] {
+    return reduce_scatter_tensor(output, input, ReduceOp::SUM, group, /*async_op=*/true);
+  });
 }
 
 }  // namespace tdist::fsdp::detail

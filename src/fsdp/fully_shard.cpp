@@ -1,6 +1,5 @@
 #include "tdist/fsdp/fully_shard.h"
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_map>
