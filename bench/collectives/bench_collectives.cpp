@@ -4,7 +4,7 @@
 //
 //   bench_collectives [--world 2] [--min-bytes 1024] [--max-bytes 268435456] [--step 4]
 //                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d] [--no-symm]
-//                     [--mpi] [--rounds 3]
+//                     [--mpi] [--mpi-bind core|none|...] [--rounds 3]
 //
 // The symm column is tdist's Gloo engine on tensors in symmetric memory
 // (tdist::symmetric_memory::empty; all_reduce, all_gather_into_tensor, reduce_scatter_tensor),
@@ -15,7 +15,9 @@
 // alike (the machine is shared, and one descheduled rank stalls a whole round).
 //
 // --mpi: the ranks are started with mpirun instead, and the table is tdist's MPI backend
-// beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once).
+// beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once),
+// the three timed in turns round by round (Note [Interleaved rounds]); BENCH_TRACE=1 prints
+// every round. Placement: mpirun's (Note [MPI binding]), or --mpi-bind.
 
 // LibTorch is built with Gloo; its header hides the class unless this is defined.
 #define USE_C10D_GLOO 1
@@ -33,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -61,9 +64,11 @@ struct Config {
   bool mpi = false;
   bool symmetric = true;  // --no-symm: skip the symmetric-memory column
   int rounds = 3;
+  std::string mpi_bind;  // --mpi-bind: mpirun's --bind-to (default: mpirun's policy)
 };
 
-int g_rounds = 3;  // --rounds, read by measure()
+int g_rounds = 3;      // --rounds, read by measure()
+bool g_trace = false;  // BENCH_TRACE=1: every round's times (--mpi)
 
 // Bus bandwidth factor (nccl-tests' PERFORMANCE.md): what each rank's link must carry.
 double bus_factor(const std::string& op, int n) {
@@ -175,43 +180,77 @@ struct Result {
   bool ran = false;
 };
 
+int iterations_for(int64_t bytes) {
+  return static_cast<int>(
+      std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
+}
+
+// One timed round: `iters` back-to-back calls of `body`; the slowest rank's mean per call, us.
+double time_round(tdist::CollectiveBackend& sync, int iters, const std::function<void()>& body) {
+  sync.barrier({})->wait();
+  auto start = Clock::now();
+  for (int i = 0; i < iters; ++i) body();
+  double local = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
+  at::Tensor t = torch::tensor({local}, torch::kDouble);
+  tdist::AllreduceOptions max;
+  max.op = tdist::ReduceOp::MAX;
+  sync.all_reduce(t, max)->wait();
+  return t.item<double>();
+}
+
+// One op of one implementation at one size: its tensors, timed round by round, so that
+// several of them can be interleaved (Note [Interleaved rounds]).
+class Measurement {
+ public:
+  Measurement(Impl& impl, const std::string& op, int64_t bytes, int n)
+      : impl_(impl), op_(op), iters_(iterations_for(bytes)) {
+    if (!impl.has(op)) return;
+    const int64_t numel = bytes / 4 / n * n;  // every rank's chunk equal (world 3)
+    if (op == "all_gather_into_tensor") {
+      in_ = impl.alloc(numel / n);
+      out_ = impl.alloc(numel);
+    } else if (op == "reduce_scatter_tensor") {
+      in_ = impl.alloc(numel);
+      out_ = impl.alloc(numel / n);
+    } else {
+      in_ = impl.alloc(numel);
+      out_ = impl.alloc(numel);
+    }
+    in_.fill_(1);
+    impl.run(op, in_, out_);  // warm-up
+    result_.time_us = INFINITY;
+    result_.ran = true;
+  }
+  bool ran() const { return result_.ran; }
+  /// Times one round; returns its time (us), or NaN when the implementation lacks the op.
+  double round(tdist::CollectiveBackend& sync) {
+    if (!ran()) return NAN;
+    const double us = time_round(sync, iters_, [&] { impl_.run(op_, in_, out_); });
+    result_.time_us = std::min(result_.time_us, us);
+    return us;
+  }
+  /// Verifies the op once (after timing) and returns the best round.
+  Result finish(tdist::CollectiveBackend& sync, int rank, int n) {
+    if (!ran()) return result_;
+    at::Tensor wrong = torch::tensor({verify(impl_, op_, in_, out_, rank, n)}, torch::kLong);
+    sync.all_reduce(wrong, {})->wait();
+    result_.wrong = wrong.item<int64_t>();
+    return result_;
+  }
+
+ private:
+  Impl& impl_;
+  std::string op_;
+  int iters_;
+  at::Tensor in_, out_;
+  Result result_;
+};
+
 Result measure(Impl& impl, tdist::CollectiveBackend& sync, const std::string& op, int64_t bytes,
                int rank, int n) {
-  Result r;
-  if (!impl.has(op)) return r;
-  const int64_t numel = bytes / 4;
-  at::Tensor in, out;
-  if (op == "all_gather_into_tensor") {
-    in = impl.alloc(numel / n);
-    out = impl.alloc(numel);
-  } else if (op == "reduce_scatter_tensor") {
-    in = impl.alloc(numel);
-    out = impl.alloc(numel / n);
-  } else {
-    in = impl.alloc(numel);
-    out = impl.alloc(numel);
-  }
-  in.fill_(1);
-  const int iters =
-      static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
-  impl.run(op, in, out);  // warm-up
-  r.time_us = INFINITY;
-  for (int round = 0; round < g_rounds; ++round) {
-    sync.barrier({})->wait();
-    auto start = Clock::now();
-    for (int i = 0; i < iters; ++i) impl.run(op, in, out);
-    double local = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
-    at::Tensor t = torch::tensor({local}, torch::kDouble);
-    tdist::AllreduceOptions max;
-    max.op = tdist::ReduceOp::MAX;
-    sync.all_reduce(t, max)->wait();
-    r.time_us = std::min(r.time_us, t.item<double>());
-  }
-  at::Tensor wrong = torch::tensor({verify(impl, op, in, out, rank, n)}, torch::kLong);
-  sync.all_reduce(wrong, {})->wait();
-  r.wrong = wrong.item<int64_t>();
-  r.ran = true;
-  return r;
+  Measurement m(impl, op, bytes, n);
+  for (int round = 0; round < g_rounds; ++round) m.round(sync);
+  return m.finish(sync, rank, n);
 }
 
 int child(const Config& cfg, int rank, const std::string& dir) {
@@ -278,28 +317,30 @@ int child(const Config& cfg, int rank, const std::string& dir) {
 }
 
 // Every rank copies `bytes` at once, like the ranks of a collective share the memory bus;
-// returns the slowest rank's GB/s.
-double memcpy_gbs(tdist::CollectiveBackend& sync, int64_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const int iters =
-      static_cast<int>(std::max<int64_t>(3, std::min<int64_t>(50, (int64_t(512) << 20) / bytes)));
-  std::memcpy(b.data(), a.data(), bytes);
-  // Best of --rounds rounds (each the slowest rank's mean), as measure() does for the ops.
-  double best = 0;
-  for (int round = 0; round < g_rounds; ++round) {
-    sync.barrier({})->wait();
-    auto start = Clock::now();
-    for (int i = 0; i < iters; ++i)
-      std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
-    double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
-    at::Tensor t = torch::tensor({us}, torch::kDouble);
-    tdist::AllreduceOptions max;
-    max.op = tdist::ReduceOp::MAX;
-    sync.all_reduce(t, max)->wait();
-    if (round == 0 || t.item<double>() < best) best = t.item<double>();
+// timed round by round like a Measurement. gbs() is the slowest rank's best round, in GB/s.
+class MemcpyMeasurement {
+ public:
+  explicit MemcpyMeasurement(int64_t bytes)
+      : bytes_(bytes), iters_(iterations_for(bytes)), a_(bytes, 1), b_(bytes, 2) {
+    std::memcpy(b_.data(), a_.data(), bytes);
   }
-  return bytes / (best * 1e3);
-}
+  double round(tdist::CollectiveBackend& sync) {
+    int i = 0;
+    const double us = time_round(sync, iters_, [&] {
+      std::memcpy(i % 2 ? a_.data() : b_.data(), i % 2 ? b_.data() : a_.data(), bytes_);
+      ++i;
+    });
+    best_us_ = std::min(best_us_, us);
+    return us;
+  }
+  double gbs() const { return bytes_ / (best_us_ * 1e3); }
+
+ private:
+  int64_t bytes_;
+  int iters_;
+  std::vector<char> a_, b_;
+  double best_us_ = INFINITY;
+};
 
 #ifdef TDIST_HAVE_MPI
 // Under mpirun: tdist's MPI backend beside tdist's Gloo engine and memcpy.
@@ -326,9 +367,21 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   }
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
-      Result m = measure(mpi, *gloo.b, op, bytes, rank, n);
-      Result g = measure(gloo, *gloo.b, op, bytes, rank, n);
-      const double mem = memcpy_gbs(*gloo.b, bytes);
+      // Note [Interleaved rounds]: the MPI op, the Gloo op and memcpy take turns round by
+      // round, so each ratio compares them under the same conditions (this machine's memory
+      // bandwidth moves 2x from minute to minute; timing each one's rounds back to back
+      // compared a slow minute of one with a fast minute of another).
+      Measurement mm(mpi, op, bytes, n), gm(gloo, op, bytes, n);
+      MemcpyMeasurement cm(bytes);
+      for (int round = 0; round < g_rounds; ++round) {
+        const double m_us = mm.round(*gloo.b), g_us = gm.round(*gloo.b), c_us = cm.round(*gloo.b);
+        if (g_trace && rank == 0) {
+          std::printf("# round %d %s %lld: mpi %.1f us, gloo %.1f us, memcpy %.1f us\n", round,
+                      op.c_str(), (long long)bytes, m_us, g_us, c_us);
+        }
+      }
+      Result m = mm.finish(*gloo.b, rank, n), g = gm.finish(*gloo.b, rank, n);
+      const double mem = cm.gbs();
       if (rank != 0) continue;
       const double f = bus_factor(op, n);
       auto bus = [&](const Result& r) { return bytes / (r.time_us * 1e3) * f; };
@@ -383,18 +436,22 @@ int main(int argc, char** argv) {
       cfg.symmetric = false;
     } else if (a == "--mpi") {
       cfg.mpi = true;
+    } else if (a == "--mpi-bind") {
+      cfg.mpi_bind = next();
     } else if (a == "--rounds") {
       cfg.rounds = std::max(1, std::stoi(next()));
     } else {
       std::cerr << "usage: " << argv[0]
                 << " [--world N] [--min-bytes B] [--max-bytes B] [--step K] [--ops a,b]"
-                   " [--no-c10d] [--no-symm] [--mpi] [--rounds R]\n  env: TDIST_GLOO_CHANNELS, "
+                   " [--no-c10d] [--no-symm] [--mpi] [--mpi-bind POLICY] [--rounds R]\n  env: "
+                   "TDIST_GLOO_CHANNELS, "
                    "TDIST_GLOO_SHM, "
                    "GLOO_SOCKET_IFNAME\n";
       return a == "--help" ? 0 : 2;
     }
   }
   g_rounds = cfg.rounds;
+  g_trace = std::getenv("BENCH_TRACE") != nullptr;
   if (const char* r = std::getenv("BENCH_RANK")) {
     return child(cfg, std::atoi(r), std::getenv("BENCH_DIR"));
   }
@@ -411,8 +468,14 @@ int main(int argc, char** argv) {
   if (cfg.mpi) {
     setenv("BENCH_DIR", dir.c_str(), 1);
     setenv("OMP_NUM_THREADS", "1", 0);
+    // Note [MPI binding]: mpirun's own placement policy unless --mpi-bind says otherwise: a
+    // core per rank while ranks <= cores, none when oversubscribed (what `mpirun -n N` does
+    // for a user). `--mpi-bind none` lets the scheduler place them: on 2 vCPUs it then puts
+    // both ranks on one vCPU for milliseconds at a time (traced with sched_getcpu), and
+    // every op waits out the other rank's time slice (1 MiB ops 3x slower for whole rounds).
     std::string cmd = "mpirun -n " + std::to_string(cfg.world) +
-                      " --oversubscribe --allow-run-as-root --bind-to none --mca btl self,vader"
+                      " --oversubscribe --allow-run-as-root --mca btl self,vader" +
+                      (cfg.mpi_bind.empty() ? "" : " --bind-to " + cfg.mpi_bind) +
                       " -x BENCH_DIR -x OMP_NUM_THREADS " +
                       std::filesystem::read_symlink("/proc/self/exe").string();
     for (int i = 1; i < argc; ++i) cmd += std::string(" '") + argv[i] + "'";
