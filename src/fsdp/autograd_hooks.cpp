@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "fsdp/fsdp_state.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 
@@ -67,12 +68,8 @@ at::Tensor boundary_alias(const at::Tensor& t, bool shares_storage) {
     at::AutoGradMode no_grad(false);
     return t.view_as(t);
   }
-  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()),
-                                                              impl->key_set(), impl->dtype());
-  c10::TensorImpl* out = alias.unsafeGetTensorImpl();
-  out->set_sizes_and_strides(impl->sizes(), impl->strides());
-  out->set_storage_offset(impl->storage_offset());
-  out->set_version_counter(impl->version_counter());
+  at::Tensor alias = util::alias_storage(t, impl->sizes(), impl->strides(), impl->storage_offset());
+  alias.unsafeGetTensorImpl()->set_version_counter(impl->version_counter());
   return alias;
 }
 

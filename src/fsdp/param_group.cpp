@@ -53,18 +53,12 @@ namespace tdist::fsdp::detail {
 
 namespace {
 
-// A plain tensor (not an autograd view: optimizers may detach_() it) over `base`'s storage,
-// `offset` elements in, contiguous, of `sizes`.
+// A plain contiguous tensor of `sizes` over `base`'s storage, `offset` elements in
+// (util::alias_storage: optimizers may detach_() it).
 at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-  // Built directly rather than with set_(), which would allocate a storage that holds 0 bytes
-  // now (a pooled buffer between steps) up to the alias's extent.
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()),
-                                                          base.key_set(), base.dtype());
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  t.unsafeGetTensorImpl()->set_storage_offset(base.storage_offset() + offset);
-  return t;
+  return util::alias_storage(base, sizes, strides, base.storage_offset() + offset);
 }
 
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
@@ -120,9 +114,7 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
 
 ParamGroup::~ParamGroup() {
   // Views autograd saved may outlive the group: they must see 0 bytes, not freed memory.
-  if (unsharded_block_) {
-    for (ShardedParam* p : raw_) util::free_storage(p->padded_unsharded());
-  }
+  if (unsharded_block_) util::free_storage(unsharded_flat_);
 }
 
 void ParamGroup::set_label(std::string label) {
@@ -135,31 +127,30 @@ void ParamGroup::set_label(std::string label) {
 // in the parameters' own dtype; mixed precision, offload and other devices keep the general
 // path. TDIST_FSDP_PERSISTENT_BUFFERS=0 turns it off (persistent_buffers_enabled).
 void ParamGroup::init_persistent_buffers() {
-  if (raw_.empty() || flat_.total == 0 || !persistent_buffers_enabled()) return;
+  // Note [Persistent buffers]: fully_shard decides, and builds the flat shard in place; a
+  // group without one takes the general path.
+  if (!config_.flat_shard.defined()) return;
+  if (config_.flat_shard.numel() != flat_.total) {
+    TDIST_THROW(Error, "FSDP internal: module '" + label_ + "': flat shard of " +
+                           std::to_string(config_.flat_shard.numel()) + " elements for " +
+                           std::to_string(flat_.total) + " padded shard elements");
+  }
   const at::TensorOptions& options = raw_.front()->shard_options();
-  for (ShardedParam* p : raw_) {
-    const at::TensorOptions& s = p->shard_options();
-    const at::TensorOptions& u = p->unsharded_options();
-    if (!s.device().is_cpu() || !u.device().is_cpu() || s.dtype() != u.dtype() ||
-        s.dtype() != options.dtype() || s.pinned_memory()) {
-      return;
-    }
-  }
-  if (config_.reduce_dtype && *config_.reduce_dtype != c10::typeMetaToScalarType(options.dtype())) {
-    return;
-  }
   const int world = raw_.front()->layout().world;
   element_size_ = options.dtype().itemsize();
-  if (config_.flat_shard.defined() && config_.flat_shard.numel() == flat_.total) {
-    flat_shard_ = config_.flat_shard;  // built in place by fully_shard
-  } else {
-    flat_shard_ = at::zeros({flat_.total}, options);
-    for (size_t i = 0; i < raw_.size(); ++i) {
-      raw_[i]->rehome_shard(flat_shard_.narrow(0, flat_.offsets[i], flat_.numels[i])
-                                .view(raw_[i]->layout().padded_shard_shape()));
-    }
-  }
+  flat_shard_ = config_.flat_shard;
   config_.flat_shard = at::Tensor();
+  // Note [One unsharded storage per group]: every param's unsharded tensor is a view of one
+  // StorageImpl, so unshard and reshard each touch one storage, not one per param (cold in
+  // cache right after the module's compute). Allocated while the views are made, then freed.
+  {
+    at::NoGradGuard no_grad;
+    unsharded_flat_ = at::empty({world * flat_.total}, raw_.front()->unsharded_options());
+    for (size_t i = 0; i < raw_.size(); ++i) {
+      raw_[i]->share_unsharded_storage(unsharded_flat_, world * flat_.offsets[i]);
+    }
+    util::free_storage(unsharded_flat_);
+  }
   all_gather_out_.init(world * flat_.total, options);
   reduce_in_.init(world * flat_.total, options);
   reduce_tmp_.init(flat_.total, options);
@@ -235,13 +226,10 @@ void ParamGroup::wait_for_unshard() {
     TraceScope trace("FSDP::all_gather_copy_out", label_);
     CopyTimer copy(stats_);
     const int world = raw_.front()->layout().world;
-    unsharded_block_ = buffer_pool().acquire(
-        static_cast<size_t>(world * flat_.total) * element_size_, flat_shard_.device());
+    const size_t nbytes = static_cast<size_t>(world * flat_.total) * element_size_;
+    unsharded_block_ = buffer_pool().acquire(nbytes, flat_shard_.device());
     char* base = static_cast<char*>(unsharded_block_.data.get());
-    for (size_t i = 0; i < raw_.size(); ++i) {
-      raw_[i]->borrow_unsharded(base +
-                                static_cast<size_t>(world * flat_.offsets[i]) * element_size_);
-    }
+    util::borrow_storage(unsharded_flat_, base, nbytes);
     copy_out_flat(all_gather_out_.data(), base, flat_, world, element_size_);
     all_gather_out_.release();
     all_gather_.work.reset();
@@ -269,7 +257,12 @@ void ParamGroup::reshard() {
   point_params(/*unsharded=*/false);
   {
     CopyTimer copy(stats_);
-    for (ShardedParam* p : raw_) p->free_unsharded();    // Note [Freeing unsharded storage]
+    // Note [Freeing unsharded storage]
+    if (fast_) {
+      util::free_storage(unsharded_flat_);
+    } else {
+      for (ShardedParam* p : raw_) p->free_unsharded();
+    }
     buffer_pool().release(std::move(unsharded_block_));  // Note [Buffer pool]
     unsharded_block_ = PooledBlock();
     post_forward_slab_ = at::Tensor();
@@ -628,6 +621,7 @@ void ParamGroup::finalize_backward() {
 }
 
 size_t ParamGroup::unsharded_bytes() const {
+  if (fast_) return util::storage_nbytes(unsharded_flat_);
   size_t total = 0;
   for (ShardedParam* p : raw_) total += p->unsharded_nbytes();
   return total;

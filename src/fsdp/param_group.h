@@ -144,7 +144,8 @@ class ParamGroup {
   size_t element_size_ = 0;
   at::Tensor flat_shard_;               // [total], owns every param's padded shard
   PooledTensor all_gather_out_;         // [world * total], rank-major
-  PooledBlock unsharded_block_;         // the params' unsharded storage, held while kUnsharded
+  at::Tensor unsharded_flat_;           // [world * total]: every param's unsharded storage
+  PooledBlock unsharded_block_;         // unsharded_flat_'s bytes, held while kUnsharded
   PooledTensor reduce_in_;              // [world * total], rank-major
   PooledTensor reduce_tmp_;             // [total], reduce output while grads accumulate
   std::vector<at::Tensor> tmp_slices_;  // per param: its local rows of reduce_tmp_

@@ -136,18 +136,11 @@ void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
   }
 }
 
-void ShardedParam::rehome_shard(const at::Tensor& padded_shard) {
+void ShardedParam::share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset) {
   at::NoGradGuard no_grad;
-  padded_shard.copy_(padded_shard_);
-  padded_shard_ = padded_shard;
-  local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
-  if (!holds_unsharded_) util::set_data_in_place(param_, local_shard_);
-}
-
-void ShardedParam::borrow_unsharded(void* data) {
-  util::borrow_storage(
-      padded_unsharded_, data,
-      static_cast<size_t>(padded_unsharded_.numel()) * padded_unsharded_.element_size());
+  padded_unsharded_ = group_unsharded.narrow(0, offset, padded_unsharded_.numel())
+                          .view(layout_.padded_unsharded_shape());
+  unsharded_view_ = padded_unsharded_.narrow(0, 0, layout_.dim0).view(layout_.shape);
 }
 
 void ShardedParam::set_grad_alias(at::Tensor alias) {

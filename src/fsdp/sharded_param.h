@@ -101,12 +101,11 @@ class ShardedParam {
   void accumulate_sharded_grad(const at::Tensor& grad);
 
   // ---- Note [Persistent buffers] (ParamGroup's fast path) ----
-  /// Moves the padded shard into `padded_shard` (a [shard_rows, ...] view of the group's
-  /// flat shard buffer) and points P at its rows there.
-  void rehome_shard(const at::Tensor& padded_shard);
-  /// Points the unsharded storage at `data` (owned by the group; padded unsharded bytes);
-  /// free_unsharded detaches it again.
-  void borrow_unsharded(void* data);
+  /// Note [One unsharded storage per group]: re-homes the padded unsharded tensor, and the
+  /// view P takes in forward, into `group_unsharded`'s storage, `offset` elements in. The
+  /// group allocates that storage around these calls (views are made in bounds) and then
+  /// frees, borrows and frees it for all its parameters at once.
+  void share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset);
   /// This param's rows [local_rows, ...] of the group's persistent gradient buffer (a plain
   /// tensor, not an autograd view, so optimizers may detach_() it).
   void set_grad_alias(at::Tensor alias);

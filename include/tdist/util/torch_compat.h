@@ -55,6 +55,21 @@ inline void point_at(const at::Tensor& variable, const at::Tensor& data) {
   set_data_in_place(variable, data);
 }
 
+/// A new plain TensorImpl over `base`'s storage with `sizes`, `strides` and `storage_offset`:
+/// not an autograd view (no view metadata, so an optimizer may detach_() it), and built
+/// directly: set_() would also allocate the storage up to the alias's extent when it holds
+/// fewer bytes (a pooled buffer between steps), and view ops cost a dispatcher round trip.
+inline at::Tensor alias_storage(const at::Tensor& base, c10::IntArrayRef sizes,
+                                c10::IntArrayRef strides, int64_t storage_offset) {
+  const c10::TensorImpl* impl = base.unsafeGetTensorImpl();
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()),
+                                                              impl->key_set(), impl->dtype());
+  c10::TensorImpl* out = alias.unsafeGetTensorImpl();
+  out->set_sizes_and_strides(sizes, strides);
+  out->set_storage_offset(storage_offset);
+  return alias;
+}
+
 /// Makes `tensor`'s storage use `nbytes` of memory it does not own, starting at `data`
 /// (e.g. a slice of a larger buffer whose owner outlives this use); free_storage detaches it
 /// again without freeing anything.
