@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "op_codes.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {
@@ -23,28 +24,9 @@ enum Field : int {
   kFields = kDims + kMaxDims
 };
 
-const std::vector<std::string>& op_names() {
-  static const std::vector<std::string> names{"broadcast",
-                                              "all_reduce",
-                                              "all_reduce_coalesced",
-                                              "reduce",
-                                              "all_gather",
-                                              "all_gather_into_tensor",
-                                              "gather",
-                                              "scatter",
-                                              "reduce_scatter",
-                                              "reduce_scatter_tensor",
-                                              "all_to_all",
-                                              "all_to_all_single",
-                                              "barrier"};
-  return names;
-}
-
+// An op the table lacks still gets a code of its own, so two different ones still differ.
 int64_t op_code(const std::string& op) {
-  const auto& names = op_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == op) return static_cast<int64_t>(i);
-  }
+  if (const int32_t code = collective_op_code(op)) return code;
   return static_cast<int64_t>(std::hash<std::string>{}(op)&0xffffff) + 1000;
 }
 
@@ -72,9 +54,8 @@ std::vector<int64_t> fingerprint(const CallSignature& s) {
 
 std::string describe(const int64_t* f) {
   if (f[kMagicF] != kMagic) return "<unreadable fingerprint>";
-  std::string op = (f[kOp] >= 0 && f[kOp] < static_cast<int64_t>(op_names().size()))
-                       ? op_names()[f[kOp]]
-                       : "op#" + std::to_string(f[kOp]);
+  const char* name = collective_op_name(f[kOp]);
+  std::string op = name ? name : "op#" + std::to_string(f[kOp]);
   std::string out = op + "(";
   if (f[kDtype] >= 0) {
     out += std::string("dtype=") + c10::toString(static_cast<c10::ScalarType>(f[kDtype]));

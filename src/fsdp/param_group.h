@@ -98,8 +98,6 @@ class ParamGroup {
   void finalize_backward();
 
   size_t unsharded_bytes() const;
-  /// Whether the group runs on persistent buffers (Note [Persistent buffers]).
-  bool persistent_buffers() const { return fast_; }
 
  private:
   void reshard_post_forward();

@@ -9,6 +9,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "comm/op_codes.h"
 #include "tdist/comm/types.h"
 #include "tdist/error.h"
 
@@ -19,39 +20,15 @@ namespace {
 constexpr uint64_t kMagic = 0x7464697374676c6fULL;  // "tdistglo"
 constexpr uint64_t kHeaderSlot = 1;
 
-const std::array<const char*, 16> kOpNames = {"?",
-                                              "broadcast",
-                                              "all_reduce",
-                                              "reduce",
-                                              "all_gather",
-                                              "all_gather_into_tensor",
-                                              "gather",
-                                              "scatter",
-                                              "reduce_scatter",
-                                              "reduce_scatter_tensor",
-                                              "all_to_all",
-                                              "all_to_all_single",
-                                              "barrier",
-                                              "all_reduce_coalesced",
-                                              "send",
-                                              "recv"};
-
 std::string peer_name(int peer) {
   return "rank " + std::to_string(peer);
 }
 
 }  // namespace
 
-int32_t op_code(const std::string& op) {
-  for (size_t i = 0; i < kOpNames.size(); ++i) {
-    if (op == kOpNames[i]) return static_cast<int32_t>(i);
-  }
-  return 0;
-}
-
 std::string describe(const Header& h) {
-  std::string op =
-      (h.op >= 0 && h.op < static_cast<int32_t>(kOpNames.size())) ? kOpNames[h.op] : "?";
+  const char* name = collective_op_name(h.op);
+  std::string op = name ? name : "?";
   std::string s = op + " #" + std::to_string(h.seq) + "(elements=" + std::to_string(h.total);
   if (h.dtype >= 0)
     s += ", dtype=" + std::string(c10::toString(static_cast<at::ScalarType>(h.dtype)));
@@ -197,7 +174,7 @@ std::vector<Header> Exchange::handshake(Header mine, const std::vector<int64_t>&
   if (n == 1) return {mine};
   mine.magic = kMagic;
   mine.seq = info_.seq;
-  mine.op = op_code(info_.op);
+  mine.op = collective_op_code(info_.op);
   std::vector<Header> out(n, mine), in(n);
   const uint64_t saved = slot_base_;
   slot_base_ = 0;

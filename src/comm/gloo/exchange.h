@@ -49,7 +49,6 @@ struct Header {
 
 /// Short description of a header for messages: "all_reduce(total=10, dtype=Float, op=SUM)".
 std::string describe(const Header& header);
-int32_t op_code(const std::string& op);
 
 class Exchange {
  public:
