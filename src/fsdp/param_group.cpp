@@ -123,12 +123,11 @@ void ParamGroup::set_label(std::string label) {
   reduce_label_ = label_ + " reduce_scatter";
 }
 
-// Note [Persistent buffers] (collectives.h): only for plain CPU groups computed and reduced
-// in the parameters' own dtype; mixed precision, offload and other devices keep the general
-// path. TDIST_FSDP_PERSISTENT_BUFFERS=0 turns it off (persistent_buffers_enabled).
+// Note [Persistent buffers] (collectives.h): fully_shard decides which groups take this path
+// (plain CPU groups computed and reduced in the parameters' own dtype, unless
+// TDIST_FSDP_PERSISTENT_BUFFERS=0) and builds their flat shard in place; a group without one
+// takes the general path.
 void ParamGroup::init_persistent_buffers() {
-  // Note [Persistent buffers]: fully_shard decides, and builds the flat shard in place; a
-  // group without one takes the general path.
   if (!config_.flat_shard.defined()) return;
   if (config_.flat_shard.numel() != flat_.total) {
     TDIST_THROW(Error, "FSDP internal: module '" + label_ + "': flat shard of " +
