@@ -16,8 +16,10 @@
 //
 // --mpi: the ranks are started with mpirun instead, and the table is tdist's MPI backend
 // beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once),
-// the three timed in turns round by round (Note [Interleaved rounds]); BENCH_TRACE=1 prints
-// every round. Placement: mpirun's (Note [MPI binding]), or --mpi-bind.
+// timed in turns round by round (Note [Interleaved rounds]); BENCH_TRACE=1 prints every
+// round. Its msym columns are the MPI backend on tensors in symmetric memory
+// (all_gather_into_tensor, reduce_scatter_tensor; --no-symm skips them). Placement:
+// mpirun's (Note [MPI binding]), or --mpi-bind.
 
 // LibTorch is built with Gloo; its header hides the class unless this is defined.
 #define USE_C10D_GLOO 1
@@ -38,6 +40,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -92,12 +95,13 @@ struct TdistImpl : Impl {
   std::shared_ptr<tdist::CollectiveBackend> b;
   std::string label = "tdist";
   // Tensors in symmetric memory (tdist::symmetric_memory::empty): no staging copies for the
-  // ops that have a symmetric path.
+  // ops that have a symmetric path (the MPI backend's all_reduce has none).
   bool symmetric = false;
+  bool symmetric_all_reduce = true;
   std::string name() const override { return label; }
   bool has(const std::string& op) const override {
-    return !symmetric || op == "all_reduce" || op == "all_gather_into_tensor" ||
-           op == "reduce_scatter_tensor";
+    return !symmetric || (op == "all_reduce" && symmetric_all_reduce) ||
+           op == "all_gather_into_tensor" || op == "reduce_scatter_tensor";
   }
   at::Tensor alloc(int64_t numel) override {
     return symmetric ? tdist::symmetric_memory::empty({numel}, torch::kFloat) : Impl::alloc(numel);
@@ -356,14 +360,19 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   TdistImpl mpi;
   mpi.label = "mpi";
   mpi.b = std::make_shared<tdist::mpi::MPIBackend>(nullptr, rank, n, std::chrono::seconds(300));
+  TdistImpl msym;
+  msym.label = "mpi_symm";
+  msym.b = mpi.b;
+  msym.symmetric = cfg.symmetric && tdist::symmetric_memory::is_available();
+  msym.symmetric_all_reduce = false;
   if (rank == 0) {
     std::printf(
         "# world %d, float32, one host; tdist MPI backend (mpirun) beside tdist Gloo "
         "(shared memory %s) and memcpy; times are the max over ranks\n",
         n, options.shared_memory() ? "on" : "off");
-    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %9s | %8s %8s\n", "op", "bytes",
-                "mpi_us", "algbw", "busbw", "#wrong", "gloo_us", "busbw", "#wrong", "memcpy",
-                "mpi/mcpy", "mpi/gloo");
+    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %10s %8s %6s | %9s | %8s %8s %9s\n",
+                "op", "bytes", "mpi_us", "algbw", "busbw", "#wrong", "msym_us", "busbw", "#wrong",
+                "gloo_us", "busbw", "#wrong", "memcpy", "mpi/mcpy", "mpi/gloo", "msym/mcpy");
   }
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
@@ -372,24 +381,39 @@ int child_mpi(const Config& cfg, const std::string& dir) {
       // bandwidth moves 2x from minute to minute; timing each one's rounds back to back
       // compared a slow minute of one with a fast minute of another).
       Measurement mm(mpi, op, bytes, n), gm(gloo, op, bytes, n);
+      std::optional<Measurement> sm;
+      if (msym.symmetric) sm.emplace(msym, op, bytes, n);
       MemcpyMeasurement cm(bytes);
       for (int round = 0; round < g_rounds; ++round) {
-        const double m_us = mm.round(*gloo.b), g_us = gm.round(*gloo.b), c_us = cm.round(*gloo.b);
+        const double m_us = mm.round(*gloo.b);
+        const double s_us = sm ? sm->round(*gloo.b) : NAN;
+        const double g_us = gm.round(*gloo.b), c_us = cm.round(*gloo.b);
         if (g_trace && rank == 0) {
-          std::printf("# round %d %s %lld: mpi %.1f us, gloo %.1f us, memcpy %.1f us\n", round,
-                      op.c_str(), (long long)bytes, m_us, g_us, c_us);
+          std::printf(
+              "# round %d %s %lld: mpi %.1f us, mpi_symm %.1f us, gloo %.1f us, memcpy %.1f us\n",
+              round, op.c_str(), (long long)bytes, m_us, s_us, g_us, c_us);
         }
       }
       Result m = mm.finish(*gloo.b, rank, n), g = gm.finish(*gloo.b, rank, n);
+      Result y = sm ? sm->finish(*gloo.b, rank, n) : Result();
       const double mem = cm.gbs();
       if (rank != 0) continue;
       const double f = bus_factor(op, n);
       auto bus = [&](const Result& r) { return bytes / (r.time_us * 1e3) * f; };
-      std::printf(
-          "%-24s %12lld | %10.1f %8.3f %8.3f %6lld | %10.1f %8.3f %6lld | %9.3f | %7.1f%% %8.2f\n",
-          op.c_str(), (long long)bytes, m.time_us, bytes / (m.time_us * 1e3), bus(m),
-          (long long)m.wrong, g.time_us, bus(g), (long long)g.wrong, mem, 100.0 * bus(m) / mem,
-          bus(m) / bus(g));
+      std::printf("%-24s %12lld | %10.1f %8.3f %8.3f %6lld | ", op.c_str(), (long long)bytes,
+                  m.time_us, bytes / (m.time_us * 1e3), bus(m), (long long)m.wrong);
+      if (y.ran) {
+        std::printf("%10.1f %8.3f %6lld | ", y.time_us, bus(y), (long long)y.wrong);
+      } else {
+        std::printf("%10s %8s %6s | ", "n/a", "", "");
+      }
+      std::printf("%10.1f %8.3f %6lld | %9.3f | %7.1f%% %8.2f ", g.time_us, bus(g),
+                  (long long)g.wrong, mem, 100.0 * bus(m) / mem, bus(m) / bus(g));
+      if (y.ran) {
+        std::printf("%8.1f%%\n", 100.0 * bus(y) / mem);
+      } else {
+        std::printf("%9s\n", "");
+      }
       std::fflush(stdout);
     }
   }

@@ -21,10 +21,12 @@ namespace {
 
 using Clock = Executor::Clock;
 
-// Segment layout: the arrived flag at 0, the reduced flag at 128 (their own cache lines,
-// adjacent-line prefetch included), the two halves after the first page.
+// Segment layout: the arrived flag at 0, the reduced flag at 128, the two announcements at
+// 256 and 384 (each on its own cache lines, adjacent-line prefetch included), the two halves
+// after the first page.
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kReducedOffset = 128;
+constexpr size_t kAnnouncementOffset = 256;
 constexpr int64_t kDefaultPieceBytes = int64_t(1) << 20;
 // How long one poll spins on a flag before handing the executor back (Note [Shared-memory
 // collectives]).
@@ -141,6 +143,10 @@ uint64_t* ShmWindow::reduced(int r) const {
   return reinterpret_cast<uint64_t*>(segments_[r] + kReducedOffset);
 }
 
+int64_t* ShmWindow::announcement(int r, uint64_t seq) const {
+  return reinterpret_cast<int64_t*>(segments_[r] + kAnnouncementOffset + (seq & 1) * 128);
+}
+
 bool use_shm(const ShmWindow* window, int64_t bytes, at::ScalarType dtype, bool reduces,
              ReduceOp op) {
   if (!window) return false;
@@ -173,6 +179,12 @@ class ShmOp {
     domain_ = kind_ == Kind::kReduceScatter ? out_.numel() : in_.numel();
     const int64_t per_piece = kind_ == Kind::kReduceScatter ? n * es_ : es_;
     piece_elems_ = std::max<int64_t>(1, w_.piece_bytes() / per_piece);
+    // The tensor peers read: all_gather's output, reduce_scatter's input.
+    const at::Tensor& shared = kind_ == Kind::kAllGather ? out_ : in_;
+    if (kind_ != Kind::kAllReduce && domain_ > 0) {
+      sym_ = ::tdist::detail::find_symmetric(shared.data_ptr(), shared.nbytes());
+      shared_bytes_ = shared.nbytes();
+    }
   }
 
   bool poll(bool& progressed) {
@@ -181,6 +193,13 @@ class ShmOp {
       switch (stage_) {
         case Stage::kBegin:
           if (begin_ >= domain_) return true;
+          if (sym_.id != 0) {
+            begin_symmetric();
+            progressed = true;
+            stage_ = Stage::kSymArrived;
+            k_ = 0;
+            break;
+          }
           begin_piece();
           progressed = true;
           stage_ = Stage::kArrived;
@@ -189,6 +208,7 @@ class ShmOp {
         case Stage::kArrived:
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied its input in")) return false;
+            if (k_ != r) check_same_path(k_);
             consume(k_);
             progressed = true;
           }
@@ -213,12 +233,30 @@ class ShmOp {
           begin_ += len_;
           stage_ = Stage::kBegin;
           break;
+        case Stage::kSymArrived:
+          for (; k_ < n; ++k_) {
+            if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return false;
+            if (k_ != r) check_same_path(k_);
+            consume_symmetric(k_);
+            progressed = true;
+          }
+          store_release(w_.reduced(r), seq_);
+          stage_ = Stage::kSymDone;
+          k_ = 0;
+          break;
+        case Stage::kSymDone:
+          for (; k_ < n; ++k_) {
+            if (k_ != r && !wait_for(w_.reduced(k_), k_, "finished reading")) return false;
+          }
+          begin_ = domain_;
+          stage_ = Stage::kBegin;
+          break;
       }
     }
   }
 
  private:
-  enum class Stage { kBegin, kArrived, kReduced };
+  enum class Stage { kBegin, kArrived, kReduced, kSymArrived, kSymDone };
 
   // all_reduce: chunk j of the current piece is [chunk_begin(j), chunk_begin(j + 1)).
   int64_t chunk_begin(int j) const { return len_ * j / w_.size(); }
@@ -252,11 +290,63 @@ class ShmOp {
         std::memcpy(mine, in_at(begin_), len_ * es_);
         break;
     }
+    announce(0, 0);
     store_release(w_.arrived(r), seq_);
     if (kind_ == Kind::kAllGather) {
       // My own part, while the peers copy theirs in.
       std::memcpy(out_at(r * domain_ + begin_), in_at(begin_), len_ * es_);
     }
+  }
+
+  void announce(uint64_t id, int64_t offset) {
+    int64_t* slot = w_.announcement(w_.rank(), seq_);
+    slot[0] = static_cast<int64_t>(id);
+    slot[1] = offset;
+  }
+
+  // Rank k (arrived at this piece) took the same path as this rank, or both raise.
+  void check_same_path(int k) const {
+    const bool theirs = w_.announcement(k, seq_)[0] != 0;
+    const bool mine = sym_.id != 0;
+    if (theirs == mine) return;
+    TDIST_THROW(DistBackendError, "mpi: " + ctx_.description + ": rank " +
+                                      std::to_string(mine ? w_.rank() : k) +
+                                      " passed a tensor in symmetric memory and rank " +
+                                      std::to_string(mine ? k : w_.rank()) +
+                                      " did not: pass contiguous symmetric-memory tensors "
+                                      "(tdist::symmetric_memory::empty) on every rank, or on none");
+  }
+
+  // The whole op as one piece (Note [Symmetric tensors over MPI shared memory]).
+  void begin_symmetric() {
+    const int r = w_.rank();
+    len_ = domain_;
+    seq_ = w_.take_seq();
+    if (kind_ == Kind::kAllGather && out_at(r * domain_) != in_at(0)) {
+      std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
+    }
+    announce(sym_.id, sym_.offset);
+    store_release(w_.arrived(r), seq_);
+  }
+
+  // Rank k's tensor, mapped (this rank's own for k == r).
+  const char* shared_of(int k) {
+    if (k == w_.rank()) {
+      return static_cast<const char*>(kind_ == Kind::kAllGather ? out_.data_ptr() : in_.data_ptr());
+    }
+    const int64_t* slot = w_.announcement(k, seq_);
+    return w_.mappings().map(static_cast<uint64_t>(slot[0]), slot[1], shared_bytes_, w_.rank(), k);
+  }
+
+  void consume_symmetric(int k) {
+    const int r = w_.rank();
+    const int64_t block = domain_ * es_;
+    if (kind_ == Kind::kAllGather) {
+      if (k != r) std::memcpy(out_at(k * domain_), shared_of(k) + k * block, block);
+      return;
+    }
+    at::Tensor acc = view(out_at(0), domain_);
+    fold(acc, k, const_cast<char*>(shared_of(k)) + r * block, domain_);
   }
 
   // Takes rank k's contribution to the current piece (k's input has arrived).
@@ -334,8 +424,10 @@ class ShmOp {
   int64_t len_ = 0;
   uint64_t seq_ = 0;
   Stage stage_ = Stage::kBegin;
-  int k_ = 0;              // the next rank (in rank order) of the current stage
-  char* first_ = nullptr;  // rank 0's contribution, until rank 1's arrives
+  int k_ = 0;                          // the next rank (in rank order) of the current stage
+  char* first_ = nullptr;              // rank 0's contribution, until rank 1's arrives
+  ::tdist::detail::SymmetricRef sym_;  // where peers find my tensor (id 0: staged pieces)
+  size_t shared_bytes_ = 0;
 };
 
 StartedOp started(std::shared_ptr<ShmOp> op, std::function<void()> finally) {

@@ -28,6 +28,21 @@
 // others, so all ranks get bitwise-equal results, equal to a left fold over ranks. half and
 // bfloat16 arrive staged in fp32 (mpi_types.h), so they accumulate in fp32.
 //
+// Note [Symmetric tensors over MPI shared memory]: when the tensor peers need lives in
+// symmetric memory on every rank (tdist/comm/symmetric_memory.h: all_gather's output,
+// reduce_scatter's input), an op is one step with no staging: each rank announces
+// (allocation, offset) in its segment header, peers map that allocation (cached,
+// SymmetricMappings) and read straight from it:
+//   all_gather:     copy my input into block r of my output; arrived[r] = s; copy block k
+//                   of rank k's output for every k != r.
+//   reduce_scatter: arrived[r] = s; my output = block r of every rank's input, folded in
+//                   rank order (bitwise equal to the staged path's result).
+// Both then set reduced[r] = s and wait for every peer's, so no peer reads a rank's tensor
+// after that rank returns. That halves what a rank copies in an all_gather at world 2 (its
+// block and the peer's, against the staged path's copy-in as well). Every op, staged ones
+// included, announces its allocation (0: none) before `arrived`, so ranks that disagree on
+// the path raise DistBackendError at once instead of reading a half nobody wrote.
+//
 // Flags are written with release and read with acquire atomics. Reuse is safe without a
 // final sync: a rank writes half h again at piece s + 2 only after finishing piece s + 1,
 // which needed every peer's arrived >= s + 1, which each peer sets only after finishing
@@ -61,6 +76,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/symmetric_registry.h"
 #include "executor.h"
 #include "tdist/comm/types.h"
 
@@ -84,6 +100,11 @@ class ShmWindow {
   char* half(int r, uint64_t seq) const;
   uint64_t* arrived(int r) const;
   uint64_t* reduced(int r) const;
+  /// Rank r's announcement for the piece with sequence number `seq` (Note [Symmetric tensors
+  /// over MPI shared memory]): {allocation id (0: a staged piece), offset}.
+  int64_t* announcement(int r, uint64_t seq) const;
+  /// Peers' symmetric allocations this rank has mapped.
+  ::tdist::detail::SymmetricMappings& mappings() { return mappings_; }
   /// The next piece's sequence number (executor thread; the same on every rank).
   uint64_t take_seq() { return next_seq_++; }
 
@@ -96,6 +117,7 @@ class ShmWindow {
   size_t segment_bytes_;
   std::vector<char*> segments_;  // every rank's mapping, mine included
   uint64_t next_seq_ = 1;        // flags start at 0
+  ::tdist::detail::SymmetricMappings mappings_;
 };
 
 /// True when an op of `bytes` (the larger of input and output) should take the

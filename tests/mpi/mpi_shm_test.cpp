@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "mpi/mpi_world.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
 
@@ -257,6 +258,85 @@ TEST(MPIShm, APeerThatNeverArrivesIsATimeoutNamingIt) {
     }
     // The backend is broken now: further ops fail fast instead of hanging.
     EXPECT_THROW(other->all_reduce(t, {}), tdist::Error);
+  }
+  pg().barrier({})->wait();
+}
+
+// Note [Symmetric tensors over MPI shared memory]: tensors in symmetric memory on every rank
+// (all_gather's output, reduce_scatter's input) are read from the peers directly; results
+// equal the staged path's, and ops of both kinds interleave in flight.
+TEST(MPIShm, SymmetricTensorsGiveTheStagedResultsAndMixWithStagedOps) {
+  if (!tdist::symmetric_memory::is_available()) GTEST_SKIP() << "no symmetric memory here";
+  std::vector<tdist::WorkPtr> works;
+  std::vector<at::Tensor> gathered, gather_in, scattered, staged_gathered, symmetric_inputs;
+  const std::vector<int64_t> sizes = {1, 1001, 300007};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const int salt = static_cast<int>(k);
+    // all_gather into a symmetric output, the input a plain tensor...
+    gather_in.push_back(input_of(rank(), n, at::kInt, ReduceOp::SUM, salt + rank()));
+    gathered.push_back(tdist::symmetric_memory::empty({n * world()}, torch::kInt));
+    works.push_back(pg().all_gather_into_tensor(gathered.back(), gather_in.back(), {}));
+    // ... then a staged one in flight behind it ...
+    staged_gathered.push_back(torch::empty({n * world()}, torch::kInt));
+    works.push_back(pg().all_gather_into_tensor(staged_gathered.back(), gather_in.back(), {}));
+    // ... and a reduce_scatter from a symmetric input.
+    auto rs_in = tdist::symmetric_memory::empty({n * world()}, torch::kFloat);
+    rs_in.copy_(input_of(rank(), n * world(), at::kFloat, ReduceOp::SUM, salt));
+    symmetric_inputs.push_back(rs_in);  // kept alive until the op finished
+    scattered.push_back(torch::full({n}, -1.0f));
+    works.push_back(pg().reduce_scatter_tensor(scattered.back(), rs_in, {}));
+  }
+  for (auto& w : works) w->wait();
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    const int salt = static_cast<int>(k);
+    EXPECT_TRUE(gathered[k].equal(staged_gathered[k])) << n;
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_TRUE(
+          gathered[k].narrow(0, n * r, n).equal(input_of(r, n, at::kInt, ReduceOp::SUM, salt + r)))
+          << n << " from rank " << r;
+    }
+    auto full = expected_reduction(n * world(), at::kFloat, ReduceOp::SUM, salt);
+    EXPECT_TRUE(scattered[k].equal(full.narrow(0, n * rank(), n))) << n;
+  }
+  // The input already in place as this rank's block of the output (as FSDP lays it out),
+  // and an AVG reduce_scatter.
+  const int64_t n = 4099;
+  auto out = tdist::symmetric_memory::empty({n * world()}, torch::kDouble);
+  auto mine = out.narrow(0, n * rank(), n);
+  mine.copy_(input_of(rank(), n, at::kDouble, ReduceOp::SUM, 7));
+  pg().all_gather_into_tensor(out, mine, {})->wait();
+  for (int r = 0; r < world(); ++r) {
+    EXPECT_TRUE(out.narrow(0, n * r, n).equal(input_of(r, n, at::kDouble, ReduceOp::SUM, 7))) << r;
+  }
+  auto avg_in = tdist::symmetric_memory::empty({n * world()}, torch::kDouble);
+  avg_in.copy_(input_of(rank(), n * world(), at::kDouble, ReduceOp::AVG));
+  auto avg_out = torch::empty({n}, torch::kDouble);
+  tdist::ReduceScatterOptions avg;
+  avg.op = ReduceOp::AVG;
+  pg().reduce_scatter_tensor(avg_out, avg_in, avg)->wait();
+  auto want = expected_reduction(n * world(), at::kDouble, ReduceOp::AVG).narrow(0, n * rank(), n);
+  EXPECT_TRUE(avg_out.allclose(want, 0, 1e-12)) << (avg_out - want).abs().max().item<double>();
+}
+
+TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRank) {
+  if (world() == 1) GTEST_SKIP() << "needs a peer";
+  if (shm_off()) GTEST_SKIP() << "the shared-memory path is off";
+  if (!tdist::symmetric_memory::is_available()) GTEST_SKIP() << "no symmetric memory here";
+  // A second backend (its own segments): this one's failed op leaves pg() whole.
+  auto other = std::make_shared<MPIBackend>(nullptr, rank(), world(), std::chrono::seconds(60));
+  const int64_t n = 5000;
+  auto in = torch::full({n}, static_cast<float>(rank()));
+  auto out = rank() == 0 ? tdist::symmetric_memory::empty({n * world()}, torch::kFloat)
+                         : torch::empty({n * world()}, torch::kFloat);
+  try {
+    other->all_gather_into_tensor(out, in, {})->wait();
+    ADD_FAILURE() << "rank " << rank() << ": expected DistBackendError";
+  } catch (const tdist::DistBackendError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0 passed a tensor in symmetric memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_gather_into_tensor"), std::string::npos) << what;
   }
   pg().barrier({})->wait();
 }

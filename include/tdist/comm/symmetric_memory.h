@@ -4,17 +4,19 @@
 // ranks on this host can map (the CPU counterpart of torch.distributed._symmetric_memory).
 //
 // A collective whose tensors live in symmetric memory on every rank skips the copy through the
-// engine's staging segments: peers read each other's tensors directly. An all_reduce then
-// moves ~2.5 buffer sizes through memory per rank at world 2 instead of ~4, which is what
-// bounds a large all_reduce on one host. DDP allocates its gradient buckets here when the
-// group allows it.
+// backend's staging segments: peers read each other's tensors directly. With the Gloo engine
+// an all_reduce then moves ~2.5 buffer sizes through memory per rank at world 2 instead of ~4,
+// which is what bounds a large all_reduce on one host. The Gloo engine has this path for
+// all_reduce, all_gather_into_tensor and reduce_scatter_tensor; the MPI backend for
+// all_gather_into_tensor (its output) and reduce_scatter_tensor (its input). DDP allocates
+// its gradient buckets here when the group allows it.
 //
 // Rules:
 //  - Pass symmetric tensors on every rank of a collective or on none: a mix raises
 //    DistBackendError on every rank (the ranks cannot agree on a path otherwise).
 //  - Any contiguous view works (offsets may differ between ranks).
-//  - Groups that span hosts, or that run with TDIST_GLOO_SHM=0, treat these tensors as
-//    ordinary ones.
+//  - Groups that span hosts, or that run with TDIST_GLOO_SHM=0 (Gloo) or TDIST_MPI_SHM=0
+//    (MPI), treat these tensors as ordinary ones.
 //  - The memory counts against /dev/shm; empty() raises DistBackendError when it is full.
 
 #include <ATen/core/Tensor.h>
