@@ -18,7 +18,7 @@
 // beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once),
 // timed in turns round by round (Note [Interleaved rounds]); BENCH_TRACE=1 prints every
 // round. Its msym columns are the MPI backend on tensors in symmetric memory
-// (all_gather_into_tensor, reduce_scatter_tensor; --no-symm skips them). Placement:
+// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor; --no-symm skips them). Placement:
 // mpirun's (Note [MPI binding]), or --mpi-bind.
 
 // LibTorch is built with Gloo; its header hides the class unless this is defined.
@@ -95,13 +95,12 @@ struct TdistImpl : Impl {
   std::shared_ptr<tdist::CollectiveBackend> b;
   std::string label = "tdist";
   // Tensors in symmetric memory (tdist::symmetric_memory::empty): no staging copies for the
-  // ops that have a symmetric path (the MPI backend's all_reduce has none).
+  // ops that have a symmetric path.
   bool symmetric = false;
-  bool symmetric_all_reduce = true;
   std::string name() const override { return label; }
   bool has(const std::string& op) const override {
-    return !symmetric || (op == "all_reduce" && symmetric_all_reduce) ||
-           op == "all_gather_into_tensor" || op == "reduce_scatter_tensor";
+    return !symmetric || op == "all_reduce" || op == "all_gather_into_tensor" ||
+           op == "reduce_scatter_tensor";
   }
   at::Tensor alloc(int64_t numel) override {
     return symmetric ? tdist::symmetric_memory::empty({numel}, torch::kFloat) : Impl::alloc(numel);
@@ -364,7 +363,6 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   msym.label = "mpi_symm";
   msym.b = mpi.b;
   msym.symmetric = cfg.symmetric && tdist::symmetric_memory::is_available();
-  msym.symmetric_all_reduce = false;
   if (rank == 0) {
     std::printf(
         "# world %d, float32, one host; tdist MPI backend (mpirun) beside tdist Gloo "

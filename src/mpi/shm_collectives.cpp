@@ -179,11 +179,20 @@ class ShmOp {
     domain_ = kind_ == Kind::kReduceScatter ? out_.numel() : in_.numel();
     const int64_t per_piece = kind_ == Kind::kReduceScatter ? n * es_ : es_;
     piece_elems_ = std::max<int64_t>(1, w_.piece_bytes() / per_piece);
-    // The tensor peers read: all_gather's output, reduce_scatter's input.
-    const at::Tensor& shared = kind_ == Kind::kAllGather ? out_ : in_;
-    if (kind_ != Kind::kAllReduce && domain_ > 0) {
-      sym_ = ::tdist::detail::find_symmetric(shared.data_ptr(), shared.nbytes());
-      shared_bytes_ = shared.nbytes();
+    if (domain_ == 0) return;
+    if (kind_ == Kind::kAllGather) {
+      // Peers read my input where they can: it is usually not freshly written, and moving
+      // lines another core just wrote is what costs most between cores. Else my block of
+      // the output, filled before I announce it.
+      shared_bytes_ = in_.nbytes();
+      sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), shared_bytes_);
+      announce_output_ = sym_.id == 0;
+      if (announce_output_) {
+        sym_ = ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
+      }
+    } else {
+      sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), in_.nbytes());  // reduce's input
+      shared_bytes_ = in_.nbytes();
     }
   }
 
@@ -237,9 +246,10 @@ class ShmOp {
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return false;
             if (k_ != r) check_same_path(k_);
-            consume_symmetric(k_);
+            if (kind_ != Kind::kAllReduce) consume_symmetric(k_);
             progressed = true;
           }
+          if (kind_ == Kind::kAllReduce) reduce_my_chunk_symmetric();
           store_release(w_.reduced(r), seq_);
           stage_ = Stage::kSymDone;
           k_ = 0;
@@ -247,6 +257,28 @@ class ShmOp {
         case Stage::kSymDone:
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.reduced(k_), k_, "finished reading")) return false;
+            if (kind_ == Kind::kAllReduce && k_ != r) {
+              // Rank k's chunk is reduced, and rank k no longer reads mine.
+              std::memcpy(in_at(chunk_begin(k_)), shared_of(k_) + chunk_begin(k_) * es_,
+                          chunk_len(k_) * es_);
+              progressed = true;
+            }
+          }
+          if (kind_ == Kind::kAllReduce) {
+            // Peers copy my reduced chunk out of my tensor: return only once they are done.
+            store_release(w_.arrived(r), done_seq_);
+            stage_ = Stage::kSymFinal;
+            k_ = 0;
+            break;
+          }
+          begin_ = domain_;
+          stage_ = Stage::kBegin;
+          break;
+        case Stage::kSymFinal:
+          for (; k_ < n; ++k_) {
+            if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied the reduced chunks", done_seq_)) {
+              return false;
+            }
           }
           begin_ = domain_;
           stage_ = Stage::kBegin;
@@ -256,7 +288,7 @@ class ShmOp {
   }
 
  private:
-  enum class Stage { kBegin, kArrived, kReduced, kSymArrived, kSymDone };
+  enum class Stage { kBegin, kArrived, kReduced, kSymArrived, kSymDone, kSymFinal };
 
   // all_reduce: chunk j of the current piece is [chunk_begin(j), chunk_begin(j + 1)).
   int64_t chunk_begin(int j) const { return len_ * j / w_.size(); }
@@ -322,27 +354,48 @@ class ShmOp {
     const int r = w_.rank();
     len_ = domain_;
     seq_ = w_.take_seq();
-    if (kind_ == Kind::kAllGather && out_at(r * domain_) != in_at(0)) {
-      std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
-    }
+    // all_reduce has a third phase, flagged on `arrived` with a sequence number of its own.
+    if (kind_ == Kind::kAllReduce) done_seq_ = w_.take_seq();
+    const bool own_copy = kind_ == Kind::kAllGather && out_at(r * domain_) != in_at(0);
+    if (own_copy && announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
     announce(sym_.id, sym_.offset);
     store_release(w_.arrived(r), seq_);
+    if (own_copy && !announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
   }
 
   // Rank k's tensor, mapped (this rank's own for k == r).
+  // What rank k announced, mapped (reductions: rank k's whole tensor, mine for k == r;
+  // all_gather: rank k's block, k != r).
   const char* shared_of(int k) {
-    if (k == w_.rank()) {
-      return static_cast<const char*>(kind_ == Kind::kAllGather ? out_.data_ptr() : in_.data_ptr());
-    }
+    if (k == w_.rank()) return static_cast<const char*>(in_.data_ptr());
     const int64_t* slot = w_.announcement(k, seq_);
     return w_.mappings().map(static_cast<uint64_t>(slot[0]), slot[1], shared_bytes_, w_.rank(), k);
+  }
+
+  // all_reduce: chunk r of every rank's tensor, folded in rank order (in cache-sized blocks
+  // through a scratch block: my own chunk is one of the inputs), into my chunk r.
+  void reduce_my_chunk_symmetric() {
+    const int n = w_.size(), r = w_.rank();
+    const int64_t begin = chunk_begin(r), count = chunk_len(r);
+    constexpr int64_t kBlockBytes = int64_t(64) << 10;
+    const int64_t per_block = std::max<int64_t>(1, kBlockBytes / es_);
+    if (scratch_.size() < static_cast<size_t>(std::min(count, per_block) * es_)) {
+      scratch_.resize(std::min(count, per_block) * es_);
+    }
+    for (int64_t done = 0; done < count; done += per_block) {
+      const int64_t k = std::min(per_block, count - done);
+      const int64_t at = (begin + done) * es_;
+      at::Tensor acc = view(scratch_.data(), k);
+      for (int p = 0; p < n; ++p) fold(acc, p, const_cast<char*>(shared_of(p)) + at, k);
+      std::memcpy(in_at(begin + done), scratch_.data(), k * es_);
+    }
   }
 
   void consume_symmetric(int k) {
     const int r = w_.rank();
     const int64_t block = domain_ * es_;
     if (kind_ == Kind::kAllGather) {
-      if (k != r) std::memcpy(out_at(k * domain_), shared_of(k) + k * block, block);
+      if (k != r) std::memcpy(out_at(k * domain_), shared_of(k), block);
       return;
     }
     at::Tensor acc = view(out_at(0), domain_);
@@ -391,12 +444,15 @@ class ShmOp {
   // True once *flag >= seq_; false after spinning kSpin (poll again later). Throws past the
   // op's deadline, naming the rank that did not arrive.
   bool wait_for(const uint64_t* flag, int peer, const char* what) {
-    if (load_acquire(flag) >= seq_) return true;
+    return wait_for(flag, peer, what, seq_);
+  }
+  bool wait_for(const uint64_t* flag, int peer, const char* what, uint64_t seq) {
+    if (load_acquire(flag) >= seq) return true;
     const auto start = Clock::now();
     while (true) {
       for (int i = 0; i < 64; ++i) {
         cpu_relax();
-        if (load_acquire(flag) >= seq_) return true;
+        if (load_acquire(flag) >= seq) return true;
       }
       const auto now = Clock::now();
       if (now > ctx_.deadline) {
@@ -428,6 +484,9 @@ class ShmOp {
   char* first_ = nullptr;              // rank 0's contribution, until rank 1's arrives
   ::tdist::detail::SymmetricRef sym_;  // where peers find my tensor (id 0: staged pieces)
   size_t shared_bytes_ = 0;
+  bool announce_output_ = false;  // symmetric all_gather: peers read my output block, not my input
+  uint64_t done_seq_ = 0;         // symmetric all_reduce: its last phase's number
+  std::vector<char> scratch_;     // symmetric all_reduce: one block of the fold
 };
 
 StartedOp started(std::shared_ptr<ShmOp> op, std::function<void()> finally) {

@@ -29,19 +29,28 @@
 // bfloat16 arrive staged in fp32 (mpi_types.h), so they accumulate in fp32.
 //
 // Note [Symmetric tensors over MPI shared memory]: when the tensor peers need lives in
-// symmetric memory on every rank (tdist/comm/symmetric_memory.h: all_gather's output,
-// reduce_scatter's input), an op is one step with no staging: each rank announces
-// (allocation, offset) in its segment header, peers map that allocation (cached,
-// SymmetricMappings) and read straight from it:
-//   all_gather:     copy my input into block r of my output; arrived[r] = s; copy block k
-//                   of rank k's output for every k != r.
+// symmetric memory on every rank (tdist/comm/symmetric_memory.h: all_reduce's buffer,
+// all_gather's input or output, reduce_scatter's input), an op is one step with no staging:
+// each rank announces (allocation, offset) in its segment header, peers map that allocation
+// (cached, SymmetricMappings) and read straight from it:
+//   all_gather:     arrived[r] = s announcing my input (or, when only the output is
+//                   symmetric, my block r of it, filled first); copy my input into block r;
+//                   copy each rank k's announced block into block k. Reading the input
+//                   spares the peers lines this rank has just written, which are what costs
+//                   most to move between cores.
 //   reduce_scatter: arrived[r] = s; my output = block r of every rank's input, folded in
 //                   rank order (bitwise equal to the staged path's result).
 // Both then set reduced[r] = s and wait for every peer's, so no peer reads a rank's tensor
-// after that rank returns. That halves what a rank copies in an all_gather at world 2 (its
-// block and the peer's, against the staged path's copy-in as well). Every op, staged ones
-// included, announces its allocation (0: none) before `arrived`, so ranks that disagree on
-// the path raise DistBackendError at once instead of reading a half nobody wrote.
+// after that rank returns.
+//   all_reduce:     arrived[r] = s; chunk r of every rank's tensor folded in rank order
+//                   into my chunk r (through a scratch block); reduced[r] = s; for each k
+//                   (waiting for reduced[k] >= s: k's chunk is reduced and k no longer reads
+//                   mine) copy chunk k of rank k's tensor into mine; arrived[r] = s + 1 (the
+//                   op takes two numbers) and wait for every peer's.
+// That halves what a rank copies in an all_gather at world 2 (its block and the peer's,
+// against the staged path's copy-in as well), and an all_reduce drops the copy-in. Every op,
+// staged ones included, announces its allocation (0: none) before `arrived`, so ranks that
+// disagree on the path raise DistBackendError at once instead of reading a half nobody wrote.
 //
 // Flags are written with release and read with acquire atomics. Reuse is safe without a
 // final sync: a rank writes half h again at piece s + 2 only after finishing piece s + 1,

@@ -300,6 +300,19 @@ TEST(MPIShm, SymmetricTensorsGiveTheStagedResultsAndMixWithStagedOps) {
     auto full = expected_reduction(n * world(), at::kFloat, ReduceOp::SUM, salt);
     EXPECT_TRUE(scattered[k].equal(full.narrow(0, n * rank(), n))) << n;
   }
+  // A symmetric input with a plain output: peers read the input.
+  {
+    const int64_t m = 70001;
+    auto sym_in = tdist::symmetric_memory::empty({m}, torch::kFloat);
+    sym_in.copy_(input_of(rank(), m, at::kFloat, ReduceOp::SUM, 3 + rank()));
+    auto plain_out = torch::full({m * world()}, -1.0f);
+    pg().all_gather_into_tensor(plain_out, sym_in, {})->wait();
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_TRUE(
+          plain_out.narrow(0, m * r, m).equal(input_of(r, m, at::kFloat, ReduceOp::SUM, 3 + r)))
+          << "symmetric input, from rank " << r;
+    }
+  }
   // The input already in place as this rank's block of the output (as FSDP lays it out),
   // and an AVG reduce_scatter.
   const int64_t n = 4099;
@@ -318,6 +331,44 @@ TEST(MPIShm, SymmetricTensorsGiveTheStagedResultsAndMixWithStagedOps) {
   pg().reduce_scatter_tensor(avg_out, avg_in, avg)->wait();
   auto want = expected_reduction(n * world(), at::kDouble, ReduceOp::AVG).narrow(0, n * rank(), n);
   EXPECT_TRUE(avg_out.allclose(want, 0, 1e-12)) << (avg_out - want).abs().max().item<double>();
+}
+
+TEST(MPIShm, SymmetricAllReduceIsTheStagedLeftFoldForEveryOpAndSize) {
+  if (!tdist::symmetric_memory::is_available()) GTEST_SKIP() << "no symmetric memory here";
+  // Sizes from 1 element to several scratch blocks per chunk, every op, two dtypes; random
+  // floats so the order of the additions shows, compared with the staged path's bits.
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(40009), int64_t(300007)}) {
+    for (auto dtype : {at::kFloat, at::kInt}) {
+      for (auto op : ops_for(dtype)) {
+        auto plain = input_of(rank(), n, dtype, op, static_cast<int>(n % 5));
+        if (dtype == at::kFloat && op == ReduceOp::SUM) {
+          plain = torch::randn({n}, at::detail::createCPUGenerator(77 + rank()));
+        }
+        auto sym = tdist::symmetric_memory::empty({n}, dtype);
+        sym.copy_(plain);
+        tdist::AllreduceOptions opts;
+        opts.op = op;
+        auto a = pg().all_reduce(sym, opts);  // in flight together with a staged op
+        auto b = pg().all_reduce(plain, opts);
+        a->wait();
+        b->wait();
+        if (!shm_off()) EXPECT_TRUE(sym.equal(plain)) << describe(dtype, op, n);
+        EXPECT_TRUE(sym.allclose(plain, 1e-6, 1e-5)) << describe(dtype, op, n);
+        if (dtype == at::kInt) {
+          EXPECT_TRUE(sym.equal(expected_reduction(n, dtype, op, static_cast<int>(n % 5))))
+              << describe(dtype, op, n);
+        }
+      }
+    }
+  }
+  // Back to back on one symmetric tensor: each sees the previous result.
+  auto t = tdist::symmetric_memory::empty({100003}, torch::kDouble);
+  t.fill_(1.0);
+  auto w1 = pg().all_reduce(t, {});
+  auto w2 = pg().all_reduce(t, {});
+  w1->wait();
+  w2->wait();
+  EXPECT_TRUE(t.eq(static_cast<double>(world()) * world()).all().item<bool>()) << t[0];
 }
 
 TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRank) {
