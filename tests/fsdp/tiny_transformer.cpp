@@ -77,4 +77,35 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
                                               targets.reshape({-1}));
 }
 
+std::vector<FSDPModule> tiny_handles(TinyTransformer& model, FSDPModule root) {
+  std::vector<FSDPModule> handles;
+  for (auto& block : model->blocks) handles.push_back(fsdp_module(*block));
+  handles.push_back(std::move(root));
+  return handles;
+}
+
+double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
+                      TinyTransformer& ref) {
+  for (auto& h : handles) h.unshard();
+  auto ref_params = ref->named_parameters();
+  double max_diff = 0;
+  for (const auto& item : model->named_parameters()) {
+    const auto& expected = ref_params[item.key()];
+    if (item.value().sizes() != expected.sizes()) {
+      throw std::runtime_error("parameter '" + item.key() + "' has shape " +
+                               c10::str(item.value().sizes()) + " unsharded, the reference " +
+                               c10::str(expected.sizes()));
+    }
+    max_diff = std::max(max_diff, (item.value() - expected).abs().max().item<double>());
+  }
+  for (auto& h : handles) h.reshard();
+  return max_diff;
+}
+
+int64_t param_numel(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += p.numel();
+  return n;
+}
+
 }  // namespace tdist::fsdp::testing

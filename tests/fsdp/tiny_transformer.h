@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "tdist/fsdp/fully_shard.h"
+
 namespace tdist::fsdp::testing {
 
 struct TinyConfig {
@@ -60,5 +62,17 @@ std::pair<torch::Tensor, torch::Tensor> tiny_batch(const TinyConfig& c, int64_t 
 
 /// Mean cross-entropy of next-token prediction.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+/// The FSDP handles of a model sharded block by block and then at the root.
+std::vector<FSDPModule> tiny_handles(TinyTransformer& model, FSDPModule root);
+
+/// The largest |difference| between `model`'s full parameters (read while `handles` are
+/// unsharded; resharded after) and the same-named parameters of `ref`. Throws when a shape
+/// differs.
+double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
+                      TinyTransformer& ref);
+
+/// Elements of a module's parameters (at rest: this rank's shards when sharded).
+int64_t param_numel(const torch::nn::Module& module);
 
 }  // namespace tdist::fsdp::testing

@@ -67,23 +67,12 @@ TEST_P(MPIFsdp, FullyShardMatchesSingleProcess) {
     EXPECT_NEAR(global.item<double>() / world, ref_loss.item<double>(), kTol) << "step " << step;
   }
 
-  std::vector<FSDPModule> handles;
-  for (auto& block : model->blocks) handles.push_back(fsdp_module(*block));
-  handles.push_back(root);
-  for (auto& h : handles) h.unshard();
-  auto ref_params = ref->named_parameters();
-  double max_diff = 0;
-  for (const auto& item : model->named_parameters()) {
-    const auto& expected = ref_params[item.key()];
-    ASSERT_EQ(item.value().sizes(), expected.sizes()) << item.key();
-    max_diff = std::max(max_diff, (item.value() - expected).abs().max().item<double>());
+  auto handles = testing::tiny_handles(model, root);
+  EXPECT_LE(testing::max_param_diff(model, handles, ref), kTol) << "rank " << rank;
+  if (world > 1) {
+    EXPECT_LT(testing::param_numel(*model), testing::param_numel(*ref))
+        << "parameters are sharded at rest";
   }
-  for (auto& h : handles) h.reshard();
-  EXPECT_LE(max_diff, kTol) << "rank " << rank;
-  int64_t local = 0, full = 0;
-  for (const auto& p : model->parameters()) local += p.numel();
-  for (const auto& p : ref->parameters()) full += p.numel();
-  if (world > 1) EXPECT_LT(local, full) << "parameters are sharded at rest";
 }
 
 INSTANTIATE_TEST_SUITE_P(Reshard, MPIFsdp, ::testing::Bool(),
