@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "mpi/mpi_world.h"
+#include "mpi/reduce_locally.h"
 #include "tdist/comm/backend.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -17,6 +18,7 @@ using tdist::mpi::MPIBackend;
 
 using tdist::mpi::testing::pg;
 using tdist::mpi::testing::rank;
+using tdist::mpi::testing::reduce_locally;
 using tdist::mpi::testing::world;
 
 const std::vector<at::ScalarType> kAllDtypes = {at::kFloat,    at::kDouble, at::kHalf,
@@ -36,70 +38,6 @@ at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, ReduceOp op) {
     v = torch::remainder(i + 3 * r, 7);
   }
   return v.to(dtype);
-}
-
-at::Tensor reduce_locally(const std::vector<at::Tensor>& inputs, ReduceOp op) {
-  auto dtype = inputs.front().scalar_type();
-  if (dtype == at::kBool) {
-    auto acc = inputs.front().clone();
-    for (size_t k = 1; k < inputs.size(); ++k) {
-      const auto& t = inputs[k];
-      switch (op) {
-        case ReduceOp::SUM:
-        case ReduceOp::MAX:
-        case ReduceOp::BOR:
-          acc = acc.logical_or(t);
-          break;
-        case ReduceOp::PRODUCT:
-        case ReduceOp::MIN:
-        case ReduceOp::BAND:
-          acc = acc.logical_and(t);
-          break;
-        case ReduceOp::BXOR:
-          acc = acc.logical_xor(t);
-          break;
-        default:
-          ADD_FAILURE() << "op not valid for bool";
-      }
-    }
-    return acc;
-  }
-  auto acc = inputs.front().to(torch::kLong);
-  const bool integral = !at::isFloatingType(dtype);
-  auto acc_d = inputs.front().to(torch::kDouble);
-  for (size_t k = 1; k < inputs.size(); ++k) {
-    auto t = inputs[k].to(torch::kDouble);
-    auto ti = inputs[k].to(torch::kLong);
-    switch (op) {
-      case ReduceOp::SUM:
-      case ReduceOp::AVG:
-        acc_d = acc_d + t;
-        break;
-      case ReduceOp::PRODUCT:
-        acc_d = acc_d * t;
-        break;
-      case ReduceOp::MIN:
-        acc_d = torch::minimum(acc_d, t);
-        break;
-      case ReduceOp::MAX:
-        acc_d = torch::maximum(acc_d, t);
-        break;
-      case ReduceOp::BAND:
-        acc = acc.bitwise_and(ti);
-        break;
-      case ReduceOp::BOR:
-        acc = acc.bitwise_or(ti);
-        break;
-      case ReduceOp::BXOR:
-        acc = acc.bitwise_xor(ti);
-        break;
-    }
-  }
-  if (op == ReduceOp::AVG) acc_d = acc_d / static_cast<double>(inputs.size());
-  if (integral && (op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR)) {
-    return acc.to(dtype);
-  }
-  return acc_d.to(dtype);
 }
 
 std::vector<ReduceOp> ops_for(at::ScalarType dtype) {

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "mpi/mpi_world.h"
+#include "mpi/reduce_locally.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -45,31 +46,11 @@ at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, ReduceOp op, int sal
   return v.to(dtype);
 }
 
-// The reduction over all ranks, in double (exact for these inputs), cast back.
+// The reduction over all ranks (reduce_locally.h).
 at::Tensor expected_reduction(int64_t n, at::ScalarType dtype, ReduceOp op, int salt = 0) {
-  auto acc = input_of(0, n, dtype, op, salt).to(torch::kDouble);
-  for (int r = 1; r < world(); ++r) {
-    auto t = input_of(r, n, dtype, op, salt).to(torch::kDouble);
-    switch (op) {
-      case ReduceOp::SUM:
-      case ReduceOp::AVG:
-        acc = acc + t;
-        break;
-      case ReduceOp::PRODUCT:
-        acc = acc * t;
-        break;
-      case ReduceOp::MIN:
-        acc = torch::minimum(acc, t);
-        break;
-      case ReduceOp::MAX:
-        acc = torch::maximum(acc, t);
-        break;
-      default:
-        ADD_FAILURE() << "unexpected op";
-    }
-  }
-  if (op == ReduceOp::AVG) acc = acc / world();
-  return acc.to(dtype);
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < world(); ++r) all.push_back(input_of(r, n, dtype, op, salt));
+  return tdist::mpi::testing::reduce_locally(all, op);
 }
 
 std::string describe(at::ScalarType dtype, ReduceOp op, int64_t n) {
