@@ -80,9 +80,8 @@ BufferPool& buffer_pool() {
 }
 
 void PooledTensor::init(int64_t numel, const at::TensorOptions& options) {
-  tensor_ = at::empty({numel}, options);
+  tensor_ = util::unallocated({numel}, options);
   nbytes_ = tensor_.nbytes();
-  util::free_storage(tensor_);
   held_ = false;
 }
 

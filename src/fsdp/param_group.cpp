@@ -56,9 +56,7 @@ namespace {
 // A plain contiguous tensor of `sizes` over `base`'s storage, `offset` elements in
 // (util::alias_storage: optimizers may detach_() it).
 at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-  return util::alias_storage(base, sizes, strides, base.storage_offset() + offset);
+  return util::contiguous_alias(base, sizes, base.storage_offset() + offset);
 }
 
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
@@ -139,16 +137,12 @@ void ParamGroup::init_persistent_buffers() {
   element_size_ = options.dtype().itemsize();
   flat_shard_ = config_.flat_shard;
   config_.flat_shard = at::Tensor();
-  // Note [One unsharded storage per group]: every param's unsharded tensor is a view of one
+  // Note [One unsharded storage per group]: every param's unsharded tensor is an alias of one
   // StorageImpl, so unshard and reshard each touch one storage, not one per param (cold in
-  // cache right after the module's compute). Allocated while the views are made, then freed.
-  {
-    at::NoGradGuard no_grad;
-    unsharded_flat_ = at::empty({world * flat_.total}, raw_.front()->unsharded_options());
-    for (size_t i = 0; i < raw_.size(); ++i) {
-      raw_[i]->share_unsharded_storage(unsharded_flat_, world * flat_.offsets[i]);
-    }
-    util::free_storage(unsharded_flat_);
+  // cache right after the module's compute).
+  unsharded_flat_ = util::unallocated({world * flat_.total}, raw_.front()->unsharded_options());
+  for (size_t i = 0; i < raw_.size(); ++i) {
+    raw_[i]->share_unsharded_storage(unsharded_flat_, world * flat_.offsets[i]);
   }
   all_gather_out_.init(world * flat_.total, options);
   reduce_in_.init(world * flat_.total, options);

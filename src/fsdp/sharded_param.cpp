@@ -32,10 +32,10 @@ ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int ran
         .copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
   }
   local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
-  padded_unsharded_ = at::empty(layout_.padded_unsharded_shape(), unsharded_options_);
-  unsharded_view_ = padded_unsharded_.narrow(0, 0, layout_.dim0).view(param_.sizes());
+  // Note [Freeing unsharded storage]: shaped now, memory only while unsharded.
+  padded_unsharded_ = util::unallocated(layout_.padded_unsharded_shape(), unsharded_options_);
+  unsharded_view_ = util::contiguous_alias(padded_unsharded_, layout_.shape, 0);
   util::set_data_in_place(param_, local_shard_);
-  util::free_storage(padded_unsharded_);
   holds_unsharded_ = false;
 }
 
@@ -137,10 +137,9 @@ void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
 }
 
 void ShardedParam::share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset) {
-  at::NoGradGuard no_grad;
-  padded_unsharded_ = group_unsharded.narrow(0, offset, padded_unsharded_.numel())
-                          .view(layout_.padded_unsharded_shape());
-  unsharded_view_ = padded_unsharded_.narrow(0, 0, layout_.dim0).view(layout_.shape);
+  const int64_t at = group_unsharded.storage_offset() + offset;
+  padded_unsharded_ = util::contiguous_alias(group_unsharded, layout_.padded_unsharded_shape(), at);
+  unsharded_view_ = util::contiguous_alias(group_unsharded, layout_.shape, at);
 }
 
 void ShardedParam::set_grad_alias(at::Tensor alias) {

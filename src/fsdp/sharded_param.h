@@ -102,9 +102,9 @@ class ShardedParam {
 
   // ---- Note [Persistent buffers] (ParamGroup's fast path) ----
   /// Note [One unsharded storage per group]: re-homes the padded unsharded tensor, and the
-  /// view P takes in forward, into `group_unsharded`'s storage, `offset` elements in. The
-  /// group allocates that storage around these calls (views are made in bounds) and then
-  /// frees, borrows and frees it for all its parameters at once.
+  /// tensor P takes in forward, into `group_unsharded`'s storage, `offset` elements in
+  /// (aliases, made while that storage holds no bytes); the group then borrows and frees
+  /// that one storage for all its parameters at once.
   void share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset);
   /// This param's rows [local_rows, ...] of the group's persistent gradient buffer (a plain
   /// tensor, not an autograd view, so optimizers may detach_() it).

@@ -4,6 +4,7 @@
 // 2.x; every call here exists in both, or is switched on TORCH_VERSION_MAJOR.
 
 #include <cstddef>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -31,6 +32,7 @@ void set_data_in_place(const at::Tensor& variable, const at::Tensor& data);
 // Each of these replaces a dispatcher call with the same field writes; they exist in
 // LibTorch 1.13 and 2.x alike.
 
+#include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
@@ -68,6 +70,21 @@ inline at::Tensor alias_storage(const at::Tensor& base, c10::IntArrayRef sizes,
   out->set_sizes_and_strides(sizes, strides);
   out->set_storage_offset(storage_offset);
   return alias;
+}
+
+/// alias_storage with contiguous strides for `sizes`.
+inline at::Tensor contiguous_alias(const at::Tensor& base, c10::IntArrayRef sizes,
+                                   int64_t storage_offset) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+  return alias_storage(base, sizes, strides, storage_offset);
+}
+
+/// A contiguous tensor of `sizes` whose storage holds 0 bytes (as after free_storage): its
+/// shape is there before its memory, which allocate_storage, borrow_storage or give_storage
+/// attach later. Nothing is allocated, not even address space.
+inline at::Tensor unallocated(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  return contiguous_alias(at::empty({0}, options), sizes, 0);
 }
 
 /// Makes `tensor`'s storage use `nbytes` of memory it does not own, starting at `data`
