@@ -180,19 +180,14 @@ class ShmOp {
     const int64_t per_piece = kind_ == Kind::kReduceScatter ? n * es_ : es_;
     piece_elems_ = std::max<int64_t>(1, w_.piece_bytes() / per_piece);
     if (domain_ == 0) return;
-    if (kind_ == Kind::kAllGather) {
-      // Peers read my input where they can: it is usually not freshly written, and moving
-      // lines another core just wrote is what costs most between cores. Else my block of
-      // the output, filled before I announce it.
-      shared_bytes_ = in_.nbytes();
-      sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), shared_bytes_);
-      announce_output_ = sym_.id == 0;
-      if (announce_output_) {
-        sym_ = ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
-      }
-    } else {
-      sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), in_.nbytes());  // reduce's input
-      shared_bytes_ = in_.nbytes();
+    // Peers read my input (all_gather: where they can; it is usually not freshly written,
+    // and moving lines another core just wrote is what costs most between cores). Else, for
+    // all_gather, my block of the output, filled before I announce it.
+    shared_bytes_ = in_.nbytes();
+    sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), shared_bytes_);
+    if (kind_ == Kind::kAllGather && sym_.id == 0) {
+      announce_output_ = true;
+      sym_ = ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
     }
   }
 
@@ -363,7 +358,6 @@ class ShmOp {
     if (own_copy && !announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
   }
 
-  // Rank k's tensor, mapped (this rank's own for k == r).
   // What rank k announced, mapped (reductions: rank k's whole tensor, mine for k == r;
   // all_gather: rank k's block, k != r).
   const char* shared_of(int k) {
