@@ -8,7 +8,7 @@
 //   bench_fsdp_1b [--cap-gib 11] [--modes fsdp,ddp] [--deadline-s 1200]
 //   env: BENCH_WIDTH (1536) BENCH_DEPTH (36) BENCH_SEQ (32) BENCH_BATCH (1, per rank)
 //        BENCH_VOCAB (1024) BENCH_STEPS (3) BENCH_PREFETCH (1; 0: no prefetch, 1 all-gather
-//        in flight)
+//        in flight); TDIST_FSDP_SYMMETRIC defaults to 0 here (see the rank's set-up)
 //
 // Safety: the cap bounds each rank's address space, so the two ranks together never hold more
 // than 2 x cap; the run refuses to start unless MemAvailable exceeds that plus 1 GiB.
@@ -167,6 +167,12 @@ bool run_mode(const std::string& self, const std::string& mode, long cap_bytes, 
       setenv("BENCH_CAP_BYTES", std::to_string(cap_bytes).c_str(), 1);
       // Fewer malloc arenas: each reserves 64 MiB of address space, which RLIMIT_AS counts.
       setenv("MALLOC_ARENA_MAX", "2", 1);
+      // FSDP's buffers in ordinary memory: in symmetric memory (the default) each rank also
+      // maps its peer's flat shards and pooled blocks, and RLIMIT_AS counts those pages once
+      // more in every rank that maps them (~2 GiB here), though no more physical memory is
+      // used. The cap compares memory, so both modes keep their own pages only. Set
+      // TDIST_FSDP_SYMMETRIC=1 to override.
+      setenv("TDIST_FSDP_SYMMETRIC", "0", 0);
       execl(self.c_str(), self.c_str(), static_cast<char*>(nullptr));
       std::perror("execl");
       _exit(127);

@@ -54,6 +54,17 @@ void release(void* ptr) {
   ::shm_unlink(symmetric_name(a.id).c_str());
 }
 
+// Note [Names at exit]: an allocation still alive when the process exits (owned by a leaked
+// or static object, as after an error that ends a program early) would leave its name in
+// /dev/shm, holding its pages until some later Gloo group sweeps it (remove_stale_shm_objects,
+// half a minute on). At exit every live name is unlinked: the pages go with the last mapping.
+void unlink_live_names_at_exit() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const auto& [base, allocation] : registry()) {
+    ::shm_unlink(symmetric_name(allocation.id).c_str());
+  }
+}
+
 }  // namespace
 
 std::string symmetric_name(uint64_t id) {
@@ -118,6 +129,25 @@ const char* SymmetricMappings::map(uint64_t id, int64_t offset, size_t bytes, in
   return m.ptr + offset;
 }
 
+at::DataPtr allocate_symmetric(size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t len = std::max(page, (bytes + page - 1) / page * page);
+  static const bool unlink_at_exit = std::atexit(unlink_live_names_at_exit) == 0;
+  (void)unlink_at_exit;
+  const uint64_t id = next_id();
+  std::string error;
+  char* ptr = create_shm_object(symmetric_name(id), len, error);
+  if (!ptr) {
+    TDIST_THROW(DistBackendError,
+                "symmetric_memory::empty(" + std::to_string(bytes) + " bytes): " + error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    registry()[reinterpret_cast<uintptr_t>(ptr)] = {len, id};
+  }
+  return at::DataPtr(ptr, ptr, release, at::Device(at::kCPU));
+}
+
 }  // namespace detail
 
 namespace symmetric_memory {
@@ -138,20 +168,9 @@ at::Tensor empty(at::IntArrayRef sizes, at::TensorOptions options) {
     numel *= s;
   }
   const auto dtype = c10::typeMetaToScalarType(options.dtype());
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  const size_t len = std::max(page, (bytes + page - 1) / page * page);
-  const uint64_t id = detail::next_id();
-  std::string error;
-  char* ptr = detail::create_shm_object(detail::symmetric_name(id), len, error);
-  if (!ptr) {
-    TDIST_THROW(DistBackendError,
-                "symmetric_memory::empty(" + std::to_string(bytes) + " bytes): " + error);
-  }
-  {
-    std::lock_guard<std::mutex> lock(detail::registry_mutex);
-    detail::registry()[reinterpret_cast<uintptr_t>(ptr)] = {len, id};
-  }
+  at::DataPtr data = detail::allocate_symmetric(bytes);
+  void* ptr = data.release_context();
   return at::from_blob(ptr, sizes, detail::release, options.device(at::kCPU));
 }
 

@@ -8,7 +8,14 @@
 #include <string>
 #include <unordered_map>
 
+#include <c10/core/Allocator.h>
+
 namespace tdist::detail {
+
+/// `bytes` (at least one page) of symmetric memory, owned by the returned pointer; raises
+/// DistBackendError when /dev/shm cannot hold them. symmetric_memory::empty's allocation,
+/// for callers that manage storages themselves (FSDP's buffer pool).
+at::DataPtr allocate_symmetric(size_t bytes);
 
 /// Where a tensor's bytes lie in symmetric memory: allocation `id` (0: not symmetric) at
 /// byte `offset`. Ids carry the creating process id in their high half and are never reused.

@@ -37,6 +37,10 @@ class BufferPool {
   /// unshard); every idle block more is memory at the activation peak (four did not fit
   /// bench_fsdp_1b's cap).
   static constexpr size_t kIdleBlocks = 2;
+  /// Idle bytes always allowed, whatever the request sizes: models of small groups then
+  /// never free a block in the steady state (Note [Pooled blocks in symmetric memory]: a
+  /// fresh block is a new shared-memory object that every peer maps again).
+  static constexpr size_t kIdleFloorBytes = size_t(64) << 20;
 
   /// A block of at least `nbytes` on `device` (CPU only), cached or newly allocated.
   PooledBlock acquire(size_t nbytes, c10::Device device);
@@ -57,6 +61,15 @@ BufferPool& buffer_pool();
 /// Whether groups that can use Note [Persistent buffers] do (collectives.h):
 /// TDIST_FSDP_PERSISTENT_BUFFERS, "1" (default) or "0"; any other value raises.
 bool persistent_buffers_enabled();
+
+/// Whether CPU blocks live in symmetric memory (Note [Pooled blocks in symmetric memory]):
+/// TDIST_FSDP_SYMMETRIC, "1" (default, where symmetric memory is available) or "0"; any other
+/// value raises. Read at each new allocation.
+bool symmetric_blocks_enabled();
+
+/// A group's flat shard (Note [Persistent buffers]): `numel` zeros, in symmetric memory when
+/// symmetric_blocks_enabled() (peers then read the all-gather input in place), else ordinary.
+at::Tensor flat_shard_zeros(int64_t numel, const at::TensorOptions& options);
 
 /// A 1-D tensor whose StorageImpl (and so every tensor made from it) lives across steps while
 /// its bytes come from the pool only between acquire() and release().

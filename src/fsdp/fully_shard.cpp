@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/buffer_pool.h"
 #include "fsdp/fsdp_state.h"
 #include "fsdp/registry.h"
 #include "tdist/comm/distributed.h"
@@ -234,7 +235,9 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
            (!policy.param_dtype || *policy.param_dtype == dtype) &&
            (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
            detail::persistent_buffers_enabled();
-    if (flat) config.flat_shard = at::zeros({total}, at::TensorOptions().dtype(first.dtype()));
+    if (flat) {
+      config.flat_shard = detail::flat_shard_zeros(total, at::TensorOptions().dtype(first.dtype()));
+    }
     std::vector<std::unique_ptr<detail::ShardedParam>> params;
     int64_t offset = 0;
     for (size_t i = 0; i < managed.size(); ++i) {

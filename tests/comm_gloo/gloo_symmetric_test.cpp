@@ -1,11 +1,15 @@
 // Symmetric memory (include/tdist/comm/symmetric_memory.h) and the Gloo engine's symmetric
 // path (src/comm/gloo/symmetric_collectives.h): tensors allocated there give the expected
 // results for every dtype and op, as views at different offsets on different ranks,
-// interleaved with staged collectives; a mix of symmetric and plain tensors raises on every
-// rank; freed allocations leave nothing in /dev/shm.
+// interleaved with staged collectives; all_gather reads a symmetric input or output, whichever
+// each rank has; a mix of symmetric and plain tensors raises on every rank; freed allocations leave
+// nothing in /dev/shm.
 
 #include <dirent.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
 
 #include "comm_gloo/gloo_test_util.h"
 #include "support/ranks.h"
@@ -93,11 +97,31 @@ TEST_P(GlooSymmetric, CollectivesOnSymmetricTensorsMatchExpectations) {
         in_place.narrow(0, rank * per_rank, per_rank).copy_(rank_input(rank, per_rank, dtype));
         b.all_gather_into_tensor(in_place, in_place.narrow(0, rank * per_rank, per_rank), {})
             ->wait();
+        // From a symmetric input (what peers read then) into a plain output, into a
+        // symmetric output, and with ranks choosing differently (every rank has one of the
+        // two in symmetric memory, which is all the path needs).
+        at::Tensor sym_in = symmetric_copy(rank_input(rank, per_rank, dtype), rank);
+        at::Tensor plain_out = at::zeros({numel}, sym_in.options());
+        b.all_gather_into_tensor(plain_out, sym_in, {})->wait();
+        at::Tensor both_out = symmetric_copy(at::zeros({numel}, sym_in.options()), 3);
+        b.all_gather_into_tensor(both_out, sym_in, {})->wait();
+        at::Tensor mixed_out = rank % 2 == 0
+                                   ? at::zeros({numel}, sym_in.options())
+                                   : symmetric_copy(at::zeros({numel}, sym_in.options()), 2);
+        at::Tensor mixed_in = rank % 2 == 0 ? sym_in : rank_input(rank, per_rank, dtype);
+        b.all_gather_into_tensor(mixed_out, mixed_in, {})->wait();
         for (int c = 0; c < n; ++c) {
-          expect_equal(all.narrow(0, c * per_rank, per_rank), rank_input(c, per_rank, dtype),
+          const at::Tensor expected = rank_input(c, per_rank, dtype);
+          expect_equal(all.narrow(0, c * per_rank, per_rank), expected,
                        label("all_gather_into_tensor", n, dtype));
-          expect_equal(in_place.narrow(0, c * per_rank, per_rank), rank_input(c, per_rank, dtype),
+          expect_equal(in_place.narrow(0, c * per_rank, per_rank), expected,
                        label("all_gather_into_tensor in place", n, dtype));
+          expect_equal(plain_out.narrow(0, c * per_rank, per_rank), expected,
+                       label("all_gather_into_tensor symmetric input", n, dtype));
+          expect_equal(both_out.narrow(0, c * per_rank, per_rank), expected,
+                       label("all_gather_into_tensor symmetric input and output", n, dtype));
+          expect_equal(mixed_out.narrow(0, c * per_rank, per_rank), expected,
+                       label("all_gather_into_tensor input or output by rank", n, dtype));
         }
       }
     }
@@ -180,6 +204,34 @@ TEST(GlooSymmetricProcesses, AllReduceThroughThePublicApi) {
     options.timeout = std::chrono::seconds(60);
     expect_all_ok(run_ranks_as_processes("symmetric_all_reduce_processes", world, options));
   }
+}
+
+// Note [Names at exit]: an allocation a program never frees (a leaked owner, an early exit)
+// leaves no name in /dev/shm once the process has exited.
+TDIST_SCENARIO(symmetric_leak_then_exit) {
+  auto* leaked = new at::Tensor(symm::empty({4096}));
+  leaked->fill_(1);
+  std::cout << "pid=" << ::getpid() << " objects=" << objects_of_this_process() << std::endl;
+  std::exit(0);
+}
+
+TEST(SymmetricMemory, NamesOfLeakedAllocationsGoAtExit) {
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto results = run_ranks_as_processes("symmetric_leak_then_exit", 1, options);
+  expect_all_ok(results);
+  const std::string& out = results.at(0).output;
+  const size_t at = out.find("pid=");
+  ASSERT_NE(at, std::string::npos) << out;
+  const long pid = std::strtol(out.c_str() + at + 4, nullptr, 10);
+  EXPECT_NE(out.find("objects=1"), std::string::npos) << out;  // it existed while running
+  const std::string prefix = "tdist-sym-" + std::to_string(pid) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  ASSERT_NE(dir, nullptr);
+  while (dirent* e = ::readdir(dir)) {
+    EXPECT_NE(std::string(e->d_name).rfind(prefix, 0), 0u) << "left behind: " << e->d_name;
+  }
+  ::closedir(dir);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
-// The buffer pool's idle cache and the TDIST_FSDP_PERSISTENT_BUFFERS switch, without
-// communication.
+// The buffer pool's idle cache and the TDIST_FSDP_PERSISTENT_BUFFERS and
+// TDIST_FSDP_SYMMETRIC switches, without communication.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
+#include <ATen/ATen.h>
+
 #include "fsdp/buffer_pool.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 
 namespace tdist::fsdp::detail {
@@ -51,23 +54,70 @@ TEST(PersistentBuffers, OnByDefaultOffWithZeroAndAnythingElseRaises) {
 }
 
 // Released blocks are reused (same memory back) while the idle bytes stay within
-// kIdleBlocks times the largest request; beyond that they are freed, oldest first.
+// max(kIdleBlocks times the largest request, kIdleFloorBytes); beyond that they are freed,
+// oldest first.
 TEST(BufferPool, ReusesReleasedBlocksAndCapsTheIdleBytes) {
   BufferPool pool;
-  const size_t n = 1 << 20;
   const c10::Device cpu(c10::kCPU);
-  PooledBlock a = pool.acquire(n, cpu);
+  const size_t small = 1 << 20;
+  PooledBlock a = pool.acquire(small, cpu);
   void* a_ptr = a.data.get();
   pool.release(std::move(a));
-  EXPECT_EQ(pool.idle_bytes(), n);
-  PooledBlock again = pool.acquire(n / 2, cpu);  // best fit: the idle block
+  EXPECT_EQ(pool.idle_bytes(), small);
+  PooledBlock again = pool.acquire(small / 2, cpu);  // best fit: the idle block
   EXPECT_EQ(again.data.get(), a_ptr);
   EXPECT_EQ(pool.idle_bytes(), 0u);
+
+  // Small blocks: all of them stay idle, under the floor.
   std::vector<PooledBlock> held;
   held.push_back(std::move(again));
-  for (size_t i = 0; i < BufferPool::kIdleBlocks + 2; ++i) held.push_back(pool.acquire(n, cpu));
+  for (size_t i = 0; i < BufferPool::kIdleBlocks + 2; ++i) held.push_back(pool.acquire(small, cpu));
   for (auto& block : held) pool.release(std::move(block));
-  EXPECT_EQ(pool.idle_bytes(), BufferPool::kIdleBlocks * n);
+  held.clear();
+  const size_t kept_small = (BufferPool::kIdleBlocks + 3) * small;
+  ASSERT_LT(kept_small, BufferPool::kIdleFloorBytes);
+  EXPECT_EQ(pool.idle_bytes(), kept_small);
+
+  // Large blocks: kIdleBlocks of them stay (the small ones, oldest, go first).
+  const size_t large = BufferPool::kIdleFloorBytes * 3 / 4;
+  for (size_t i = 0; i < BufferPool::kIdleBlocks + 1; ++i) held.push_back(pool.acquire(large, cpu));
+  for (auto& block : held) pool.release(std::move(block));
+  EXPECT_EQ(pool.idle_bytes(), BufferPool::kIdleBlocks * large);
+}
+
+TEST(SymmetricBlocks, OnByDefaultOffWithZeroAndAnythingElseRaises) {
+  if (!symmetric_memory::is_available()) GTEST_SKIP() << "no POSIX shared memory here";
+  BufferPool pool;
+  const c10::Device cpu(c10::kCPU);
+  const size_t n = 1 << 16;
+  auto in_symmetric_memory = [](const PooledBlock& block) {
+    return symmetric_memory::is_symmetric(
+        at::from_blob(block.data.get(), {static_cast<int64_t>(block.capacity)}, at::kByte));
+  };
+  {
+    ScopedEnv on("TDIST_FSDP_SYMMETRIC", "1");
+    EXPECT_TRUE(symmetric_blocks_enabled());
+    EXPECT_TRUE(in_symmetric_memory(pool.acquire(n, cpu)));
+    EXPECT_TRUE(symmetric_memory::is_symmetric(flat_shard_zeros(16, at::kFloat)));
+    EXPECT_EQ(flat_shard_zeros(16, at::kFloat).abs().sum().item<float>(), 0.f);
+  }
+  {
+    ScopedEnv off("TDIST_FSDP_SYMMETRIC", "0");
+    EXPECT_FALSE(symmetric_blocks_enabled());
+    EXPECT_FALSE(in_symmetric_memory(pool.acquire(n, cpu)));
+    EXPECT_FALSE(symmetric_memory::is_symmetric(flat_shard_zeros(16, at::kFloat)));
+  }
+  {
+    ScopedEnv bad("TDIST_FSDP_SYMMETRIC", "on");
+    try {
+      symmetric_blocks_enabled();
+      ADD_FAILURE() << "a malformed value was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("TDIST_FSDP_SYMMETRIC='on'"), std::string::npos)
+          << e.what();
+    }
+  }
+  if (std::getenv("TDIST_FSDP_SYMMETRIC") == nullptr) EXPECT_TRUE(symmetric_blocks_enabled());
 }
 
 }  // namespace

@@ -7,9 +7,9 @@
 // backend's staging segments: peers read each other's tensors directly. With the Gloo engine
 // an all_reduce then moves ~2.5 buffer sizes through memory per rank at world 2 instead of ~4,
 // which is what bounds a large all_reduce on one host. The Gloo engine and the MPI backend
-// have this path for all_reduce, all_gather_into_tensor (the output; on MPI the input or the
-// output) and reduce_scatter_tensor (the input). DDP allocates its gradient buckets here when
-// the group allows it.
+// have this path for all_reduce, all_gather_into_tensor (the input or the output; peers read
+// the input when it is symmetric) and reduce_scatter_tensor (the input). DDP allocates its
+// gradient buckets here when the group allows it, FSDP its flat shards and pooled buffers.
 //
 // Rules:
 //  - Pass symmetric tensors on every rank of a collective or on none: a mix raises

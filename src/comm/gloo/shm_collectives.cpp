@@ -225,7 +225,13 @@ bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
 }
 
 bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
-  if (SymmetricRef ref = symmetric_ref(out, out.scalar_type()); ref.id != 0) {
+  // Peers read this rank's input when it is symmetric, else its block of the output.
+  SymmetricRef ref = symmetric_ref(in, in.scalar_type());
+  if (ref.id == 0) {
+    ref = symmetric_ref(out, out.scalar_type());
+    if (ref.id != 0) ref.offset += static_cast<int64_t>(ex.rank() * in.nbytes());
+  }
+  if (ref.id != 0) {
     symmetric_all_gather(ex, arena, out, in, ref);
     return true;
   }

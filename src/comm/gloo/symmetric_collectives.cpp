@@ -20,9 +20,12 @@ namespace tdist::detail {
 //    c's tensor for every c != r. Per rank at world 2: ~2.5 buffer sizes of memory traffic
 //    instead of the staged path's ~4.
 //  - reduce_scatter_tensor: rank r reduces block r of every rank's input into its output.
-//  - all_gather_into_tensor: rank r writes its input into block r of its own output before
-//    the handshake (skipped when the input already is that block, as FSDP lays it out), then
-//    copies block c from rank c's output.
+//  - all_gather_into_tensor: rank r announces its input when that is symmetric (FSDP's flat
+//    shard: lines the peers read were written a whole step ago, not just now, which is what
+//    costs most to move between cores), else block r of its output, and writes its input into
+//    block r of its output before the handshake (skipped when the input already is that
+//    block); then it copies rank c's announced block into block c for every c != r. Either
+//    tensor being symmetric on every rank is enough; ranks may announce different ones.
 // Each ends with one more notification: a rank returns only when no peer reads its tensor any
 // more, so the caller may overwrite it at once. Peers write only their own tensors; what a
 // rank reads from a peer is never written by that peer in the same phase.
@@ -137,7 +140,8 @@ void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const 
   const int n = ex.size();
   const int r = ex.rank();
   const size_t bytes = in.nbytes();
-  char* data = bytes_of(out);
+  at::Tensor work = staged_output(out, out.scalar_type());
+  char* data = bytes_of(work);
   char* block = data + r * bytes;
   if (!in.is_contiguous()) {
     at::from_blob(block, in.sizes(), at::TensorOptions().dtype(in.scalar_type())).copy_(in);
@@ -145,11 +149,12 @@ void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const 
     std::memcpy(block, in.data_ptr(), bytes);
   }
   auto headers = symmetric_handshake(ex, arena, header_for(in, in.numel()), ref);
-  auto views = symmetric_views(ex, arena, headers, data, out.nbytes());
+  auto views = symmetric_views(ex, arena, headers, block, bytes);
   for (int c = 0; c < n; ++c) {
-    if (c != r) std::memcpy(data + c * bytes, views[c] + c * bytes, bytes);
+    if (c != r) std::memcpy(data + c * bytes, views[c], bytes);
   }
   shm_notify_all(ex, arena);
+  unstage(out, work);
 }
 
 }  // namespace tdist::detail

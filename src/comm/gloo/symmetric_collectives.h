@@ -28,7 +28,8 @@ void symmetric_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, Red
 /// `ref`: the input's place in symmetric memory.
 void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output,
                               const at::Tensor& input, ReduceOp op, SymmetricRef ref);
-/// `ref`: the output's place in symmetric memory.
+/// `ref`: where this rank's block lies in symmetric memory, its input or block rank of its
+/// output (what peers read).
 void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output,
                           const at::Tensor& input, SymmetricRef ref);
 
