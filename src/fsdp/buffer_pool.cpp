@@ -1,6 +1,8 @@
 #include "fsdp/buffer_pool.h"
 
+#include <sys/statvfs.h>
 #include <algorithm>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -8,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "comm/symmetric_registry.h"
+#include "tdist/comm/distributed.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/util/torch_compat.h"
@@ -16,20 +19,26 @@ namespace tdist::fsdp::detail {
 
 namespace {
 
-// Note [Pooled blocks in symmetric memory]: on CPU the pool's blocks are symmetric memory
-// (tdist/comm/symmetric_memory.h), so a group's all-gather output and reduce-scatter input
-// are too, on every rank, as are the flat shards (flat_shard_zeros, the all-gather input),
-// and the same-host paths of the Gloo engine and the MPI backend read the peers' buffers in
-// place instead of staging them through their segments (bench_fsdp: full shard's median
-// step 1.12x DDP's in ordinary memory, 1.05x here; bench/RESULTS.md, session 8). Every block
-// of the process comes from here (one kind per process), so every rank of a collective
-// passes the same kind as long as TDIST_FSDP_SYMMETRIC is the same everywhere. When
-// /dev/shm is full a block falls back to ordinary memory with a warning: its collective then
-// raises DistBackendError on every rank (the ranks disagree), never a hang.
-at::DataPtr allocate_block(size_t nbytes, c10::Device device) {
-  if (device.is_cpu() && symmetric_blocks_enabled()) {
+// Note [Pooled blocks in symmetric memory]: a group's flat shard (the all-gather input) and
+// its pooled buffers (all-gather output, unsharded block, reduce-scatter input) live in
+// symmetric memory (tdist/comm/symmetric_memory.h) when every rank of the group can have
+// them, so the same-host paths of the Gloo engine and the MPI backend read the peers'
+// shards and reduce-scatter inputs in place instead of staging them through their segments
+// (bench/RESULTS.md, session 8: less time blocked on collectives per step). A collective
+// needs the same choice on every rank (a mix raises), hence one MIN all_reduce per group at
+// fully_shard over "TDIST_FSDP_SYMMETRIC allows it, the flat shard was allocated there, and
+// /dev/shm has room for four of the group's pooled buffers". Should /dev/shm fill up later,
+// a block falls back to ordinary memory with a warning, and its collective raises
+// DistBackendError on every rank (the ranks disagree), never a hang; a flat shard is never
+// reallocated, so it cannot.
+PooledBlock allocate_block(size_t nbytes, c10::Device device, bool symmetric) {
+  PooledBlock block;
+  block.capacity = nbytes;
+  if (symmetric && device.is_cpu()) {
     try {
-      return ::tdist::detail::allocate_symmetric(nbytes);
+      block.data = ::tdist::detail::allocate_symmetric(nbytes);
+      block.symmetric = true;
+      return block;
     } catch (const DistBackendError& e) {
       static bool warned = false;
       if (!warned) {
@@ -40,7 +49,14 @@ at::DataPtr allocate_block(size_t nbytes, c10::Device device) {
       }
     }
   }
-  return c10::GetAllocator(device.type())->allocate(nbytes);
+  block.data = c10::GetAllocator(device.type())->allocate(nbytes);
+  return block;
+}
+
+size_t shm_free_bytes() {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) return 0;
+  return static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
 }
 
 }  // namespace
@@ -55,7 +71,7 @@ bool symmetric_blocks_enabled() {
   return symmetric_memory::is_available();
 }
 
-PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device) {
+PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device, bool symmetric) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     largest_ = std::max(largest_, nbytes);
@@ -64,6 +80,7 @@ PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device) {
     size_t best = idle_.size();
     for (size_t i = 0; i < idle_.size(); ++i) {
       if (idle_[i].capacity >= nbytes && idle_[i].data.device() == device &&
+          idle_[i].symmetric == symmetric &&
           (best == idle_.size() || idle_[i].capacity < idle_[best].capacity)) {
         best = i;
       }
@@ -75,10 +92,7 @@ PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device) {
       return block;
     }
   }
-  PooledBlock block;
-  block.data = allocate_block(nbytes, device);
-  block.capacity = nbytes;
-  return block;
+  return allocate_block(nbytes, device, symmetric);
 }
 
 void BufferPool::release(PooledBlock&& block) {
@@ -118,16 +132,25 @@ bool persistent_buffers_enabled() {
                                    "': expected 0 (off) or 1 (on, the default)");
 }
 
-// A rank whose flat shard falls back to ordinary memory still agrees with its peers: it
-// announces its all-gather output block instead (symmetric too, from the pool).
-at::Tensor flat_shard_zeros(int64_t numel, const at::TensorOptions& options) {
+FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
+                              const ProcessGroupPtr& group) {
+  FlatShard shard;
   if (options.device().is_cpu() && symmetric_blocks_enabled()) {
     try {
-      return symmetric_memory::empty({numel}, options).zero_();
+      shard.tensor = symmetric_memory::empty({numel}, options);
+      shard.symmetric = shm_free_bytes() >= 4 * pooled_bytes;
     } catch (const DistBackendError&) {
+      shard.tensor = at::Tensor();  // /dev/shm full here: every rank falls back below
     }
   }
-  return at::zeros({numel}, options);
+  at::Tensor everyone = at::full({1}, shard.symmetric ? 1 : 0, at::kInt);
+  all_reduce(everyone, ReduceOp::MIN, group);
+  if (everyone.item<int>() == 0) {
+    shard.symmetric = false;
+    shard.tensor = at::empty({numel}, options);
+  }
+  shard.tensor.zero_();
+  return shard;
 }
 
 BufferPool& buffer_pool() {
@@ -135,16 +158,18 @@ BufferPool& buffer_pool() {
   return *pool;
 }
 
-void PooledTensor::init(int64_t numel, const at::TensorOptions& options) {
+void PooledTensor::init(int64_t numel, const at::TensorOptions& options, bool symmetric) {
   tensor_ = util::unallocated({numel}, options);
+  symmetric_ = symmetric;
   nbytes_ = tensor_.nbytes();
   held_ = false;
 }
 
 void PooledTensor::acquire() {
   if (held_) return;
-  PooledBlock block = buffer_pool().acquire(nbytes_, tensor_.device());
+  PooledBlock block = buffer_pool().acquire(nbytes_, tensor_.device(), symmetric_);
   capacity_ = block.capacity;
+  block_symmetric_ = block.symmetric;
   util::give_storage(tensor_, std::move(block.data), nbytes_);
   held_ = true;
 }
@@ -154,6 +179,7 @@ void PooledTensor::release() {
   PooledBlock block;
   block.data = util::take_storage(tensor_);
   block.capacity = capacity_;
+  block.symmetric = block_symmetric_;
   held_ = false;
   buffer_pool().release(std::move(block));
 }

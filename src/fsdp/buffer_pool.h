@@ -21,11 +21,14 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
+#include "tdist/comm/process_group.h"
+
 namespace tdist::fsdp::detail {
 
 struct PooledBlock {
   at::DataPtr data;
-  size_t capacity = 0;  // bytes usable through data
+  size_t capacity = 0;     // bytes usable through data
+  bool symmetric = false;  // data is symmetric memory (Note [Pooled blocks in symmetric memory])
   explicit operator bool() const { return static_cast<bool>(data); }
 };
 
@@ -42,8 +45,10 @@ class BufferPool {
   /// fresh block is a new shared-memory object that every peer maps again).
   static constexpr size_t kIdleFloorBytes = size_t(64) << 20;
 
-  /// A block of at least `nbytes` on `device` (CPU only), cached or newly allocated.
-  PooledBlock acquire(size_t nbytes, c10::Device device);
+  /// A block of at least `nbytes` on `device` (CPU only), cached or newly allocated, in
+  /// symmetric memory when `symmetric` (ordinary memory, with a warning, when /dev/shm is
+  /// full).
+  PooledBlock acquire(size_t nbytes, c10::Device device, bool symmetric = false);
   /// Returns a block; keeps it for reuse or frees it (Note [Buffer pool]).
   void release(PooledBlock&& block);
   size_t idle_bytes() const;
@@ -62,20 +67,29 @@ BufferPool& buffer_pool();
 /// TDIST_FSDP_PERSISTENT_BUFFERS, "1" (default) or "0"; any other value raises.
 bool persistent_buffers_enabled();
 
-/// Whether CPU blocks live in symmetric memory (Note [Pooled blocks in symmetric memory]):
-/// TDIST_FSDP_SYMMETRIC, "1" (default, where symmetric memory is available) or "0"; any other
-/// value raises. Read at each new allocation.
+/// Whether this rank may put FSDP's buffers in symmetric memory (Note [Pooled blocks in
+/// symmetric memory]): TDIST_FSDP_SYMMETRIC, "1" (default, where symmetric memory is
+/// available) or "0"; any other value raises.
 bool symmetric_blocks_enabled();
 
-/// A group's flat shard (Note [Persistent buffers]): `numel` zeros, in symmetric memory when
-/// symmetric_blocks_enabled() (peers then read the all-gather input in place), else ordinary.
-at::Tensor flat_shard_zeros(int64_t numel, const at::TensorOptions& options);
+/// A group's flat shard (Note [Persistent buffers]) and whether the group's pooled buffers
+/// are symmetric.
+struct FlatShard {
+  at::Tensor tensor;  // numel zeros
+  bool symmetric = false;
+};
+
+/// Allocates a group's flat shard of `numel` elements, in symmetric memory when every rank
+/// of `group` can hold it and `pooled_bytes` per pooled buffer there (one MIN all_reduce over
+/// `group`: every rank must call it, in the same order, as fully_shard is).
+FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
+                              const ProcessGroupPtr& group);
 
 /// A 1-D tensor whose StorageImpl (and so every tensor made from it) lives across steps while
 /// its bytes come from the pool only between acquire() and release().
 class PooledTensor {
  public:
-  void init(int64_t numel, const at::TensorOptions& options);
+  void init(int64_t numel, const at::TensorOptions& options, bool symmetric);
   void acquire();  // no-op when held
   void release();  // no-op when not held
   bool held() const { return held_; }
@@ -86,6 +100,8 @@ class PooledTensor {
   at::Tensor tensor_;
   size_t nbytes_ = 0;
   size_t capacity_ = 0;
+  bool symmetric_ = false;        // asked for
+  bool block_symmetric_ = false;  // what the held block is
   bool held_ = false;
 };
 

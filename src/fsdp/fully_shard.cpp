@@ -236,7 +236,11 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
            (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
            detail::persistent_buffers_enabled();
     if (flat) {
-      config.flat_shard = detail::flat_shard_zeros(total, at::TensorOptions().dtype(first.dtype()));
+      const size_t pooled_bytes = static_cast<size_t>(world * total) * c10::elementSize(dtype);
+      detail::FlatShard shard =
+          detail::allocate_flat_shard(total, pooled_bytes, at::TensorOptions().dtype(dtype), group);
+      config.flat_shard = shard.tensor;
+      config.symmetric_buffers = shard.symmetric;
     }
     std::vector<std::unique_ptr<detail::ShardedParam>> params;
     int64_t offset = 0;

@@ -144,9 +144,11 @@ void ParamGroup::init_persistent_buffers() {
   for (size_t i = 0; i < raw_.size(); ++i) {
     raw_[i]->share_unsharded_storage(unsharded_flat_, world * flat_.offsets[i]);
   }
-  all_gather_out_.init(world * flat_.total, options);
-  reduce_in_.init(world * flat_.total, options);
-  reduce_tmp_.init(flat_.total, options);
+  // Note [Pooled blocks in symmetric memory] (buffer_pool.cpp).
+  const bool symmetric = config_.symmetric_buffers;
+  all_gather_out_.init(world * flat_.total, options, symmetric);
+  reduce_in_.init(world * flat_.total, options, symmetric);
+  reduce_tmp_.init(flat_.total, options, symmetric);
   for (size_t i = 0; i < raw_.size(); ++i) {
     tmp_slices_.push_back(
         raw_alias(reduce_tmp_.tensor(), flat_.offsets[i], raw_[i]->layout().local_shape()));
@@ -220,7 +222,8 @@ void ParamGroup::wait_for_unshard() {
     CopyTimer copy(stats_);
     const int world = raw_.front()->layout().world;
     const size_t nbytes = static_cast<size_t>(world * flat_.total) * element_size_;
-    unsharded_block_ = buffer_pool().acquire(nbytes, flat_shard_.device());
+    unsharded_block_ =
+        buffer_pool().acquire(nbytes, flat_shard_.device(), config_.symmetric_buffers);
     char* base = static_cast<char*>(unsharded_block_.data.get());
     util::borrow_storage(unsharded_flat_, base, nbytes);
     copy_out_flat(all_gather_out_.data(), base, flat_, world, element_size_);

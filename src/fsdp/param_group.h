@@ -43,7 +43,8 @@ struct GroupConfig {
   ProcessGroupPtr replicate_group;              // HSDP: gradients all-reduced across it after the
                                                 // reduce-scatter (null: no replication)
   std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
-  at::Tensor flat_shard;  // the params' padded shards already live here (fully_shard)
+  at::Tensor flat_shard;           // the params' padded shards already live here (fully_shard)
+  bool symmetric_buffers = false;  // pooled buffers in symmetric memory (agreed by all ranks)
 };
 
 class ParamGroup {

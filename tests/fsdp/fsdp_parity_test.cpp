@@ -10,6 +10,7 @@
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
@@ -76,6 +77,15 @@ void run_parity() {
   for (auto& block : model->blocks) fully_shard(block, opts);
   FSDPModule root = fully_shard(model, opts);
   auto opt = make_adamw(model);
+  // Note [Pooled blocks in symmetric memory]: where the ranks agreed on it, the shards live
+  // in symmetric memory (FSDP_TEST_EXPECT_SYMMETRIC, set by the test that knows the ranks'
+  // TDIST_FSDP_SYMMETRIC).
+  const std::string expect_symmetric = env_str("FSDP_TEST_EXPECT_SYMMETRIC", "");
+  if (!expect_symmetric.empty()) {
+    for (const auto& p : model->parameters()) {
+      EXPECT_EQ(symmetric_memory::is_symmetric(p), expect_symmetric == "1") << "rank " << rank;
+    }
+  }
 
   const int64_t global_batch = kLocalBatch * world * accum;
   for (int step = 0; step < kSteps; ++step) {
@@ -155,6 +165,27 @@ INSTANTIATE_TEST_SUITE_P(
         ParityCase{
             "accum_zero2_w3", 3, {{"FSDP_TEST_ACCUM", "3"}, {"FSDP_TEST_RESHARD", "false"}}}),
     [](const ::testing::TestParamInfo<ParityCase>& info) { return std::string(info.param.name); });
+
+// Ranks that disagree on TDIST_FSDP_SYMMETRIC agree at fully_shard on ordinary memory, and
+// train as before; ranks that all allow it hold their shards in symmetric memory.
+TEST(FSDPSymmetricBuffers, RanksAgreeOnTheMemoryOfTheirBuffers) {
+  if (!symmetric_memory::is_available()) GTEST_SKIP() << "no POSIX shared memory here";
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    tdist::testing::ProcessOptions all_on;
+    all_on.timeout = std::chrono::seconds(240);
+    all_on.env = {{"TDIST_FSDP_PERSISTENT_BUFFERS", "1"},
+                  {"TDIST_FSDP_SYMMETRIC", "1"},
+                  {"FSDP_TEST_EXPECT_SYMMETRIC", "1"}};
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_parity", world, all_on));
+    tdist::testing::ProcessOptions one_off = all_on;
+    one_off.env["FSDP_TEST_EXPECT_SYMMETRIC"] = "0";
+    one_off.rank_env[world - 1] = {{"TDIST_FSDP_SYMMETRIC", "0"}};
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_parity", world, one_off));
+  }
+}
 
 // ---- bypass -------------------------------------------------------------------------------
 
