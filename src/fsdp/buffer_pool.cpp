@@ -24,7 +24,8 @@ namespace {
 // symmetric memory (tdist/comm/symmetric_memory.h) when every rank of the group can have
 // them, so the same-host paths of the Gloo engine and the MPI backend read the peers'
 // shards and reduce-scatter inputs in place instead of staging them through their segments
-// (bench/RESULTS.md, session 8: less time blocked on collectives per step). A collective
+// (bench/RESULTS.md, session 8: those collectives are faster in isolation; on the 2-vCPU
+// test machine the FSDP step's gain is within its run-to-run noise). A collective
 // needs the same choice on every rank (a mix raises), hence one MIN all_reduce per group at
 // fully_shard over "TDIST_FSDP_SYMMETRIC allows it, the flat shard was allocated there, and
 // /dev/shm has room for four of the group's pooled buffers". Should /dev/shm fill up later,
