@@ -1,8 +1,8 @@
 #include "fsdp/buffer_pool.h"
 
 #include <sys/statvfs.h>
-#include <algorithm>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>

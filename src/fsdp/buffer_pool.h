@@ -8,10 +8,10 @@
 // them from malloc each time costs page faults (a fresh 3 MB buffer is ~800 faults, each
 // zeroing a page) and, with glibc, heap growth and fragmentation; this pool recycles them
 // instead, as PyTorch's caching allocator does for FSDP on GPUs. A released block stays
-// cached only while the idle bytes are below a cap (kIdleBlocks times the largest request);
-// beyond it the block is really freed. The storage that used a block holds 0 bytes once it is
-// released (Note [Freeing unsharded storage]): what the pool keeps is reused by the next
-// group's unshard, never read through the old storage.
+// cached only while the idle bytes are below a cap (kIdleBlocks times the largest request, or
+// kIdleFloorBytes when that is more); beyond it the block is really freed. The storage that used a
+// block holds 0 bytes once it is released (Note [Freeing unsharded storage]): what the pool keeps
+// is reused by the next group's unshard, never read through the old storage.
 
 #include <cstddef>
 #include <mutex>
