@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -41,9 +42,8 @@ PooledBlock allocate_block(size_t nbytes, c10::Device device, bool symmetric) {
       block.symmetric = true;
       return block;
     } catch (const DistBackendError& e) {
-      static bool warned = false;
-      if (!warned) {
-        warned = true;
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
         std::cerr << "tdist FSDP warning: " << e.what()
                   << "; this buffer uses ordinary memory, so collectives over it fail on every "
                      "rank. Free /dev/shm or set TDIST_FSDP_SYMMETRIC=0 on every rank\n";
@@ -52,6 +52,15 @@ PooledBlock allocate_block(size_t nbytes, c10::Device device, bool symmetric) {
   }
   block.data = c10::GetAllocator(device.type())->allocate(nbytes);
   return block;
+}
+
+// An on/off environment switch that is on when unset: "1" on, "0" off, anything else raises.
+bool switched_on(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
+  TDIST_THROW(InvalidArgument,
+              std::string(name) + "='" + env + "': expected 0 (off) or 1 (on, the default)");
 }
 
 size_t shm_free_bytes() {
@@ -63,13 +72,7 @@ size_t shm_free_bytes() {
 }  // namespace
 
 bool symmetric_blocks_enabled() {
-  const char* env = std::getenv("TDIST_FSDP_SYMMETRIC");
-  if (env != nullptr && std::string(env) == "0") return false;
-  if (env != nullptr && std::string(env) != "1") {
-    TDIST_THROW(InvalidArgument, std::string("TDIST_FSDP_SYMMETRIC='") + env +
-                                     "': expected 0 (off) or 1 (on, the default)");
-  }
-  return symmetric_memory::is_available();
+  return switched_on("TDIST_FSDP_SYMMETRIC") && symmetric_memory::is_available();
 }
 
 PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device, bool symmetric) {
@@ -126,11 +129,7 @@ size_t BufferPool::idle_bytes() const {
 // 1.02e9-parameter GPT of bench_fsdp_1b trains under its 9.8 GiB per-rank cap with them
 // (bench/RESULTS.md). "0" keeps the general path (a fresh allocation per collective).
 bool persistent_buffers_enabled() {
-  const char* env = std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS");
-  if (env == nullptr || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
-  TDIST_THROW(InvalidArgument, std::string("TDIST_FSDP_PERSISTENT_BUFFERS='") + env +
-                                   "': expected 0 (off) or 1 (on, the default)");
+  return switched_on("TDIST_FSDP_PERSISTENT_BUFFERS");
 }
 
 FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,

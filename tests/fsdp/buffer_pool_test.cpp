@@ -28,6 +28,18 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+// `read` raises InvalidArgument naming the variable and its value while `name` is `value`.
+void expect_malformed_value_raises(const char* name, const char* value, bool (*read)()) {
+  ScopedEnv bad(name, value);
+  try {
+    read();
+    ADD_FAILURE() << name << "='" << value << "' was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(std::string(name) + "='" + value + "'"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PersistentBuffers, OnByDefaultOffWithZeroAndAnythingElseRaises) {
   {
     ScopedEnv on("TDIST_FSDP_PERSISTENT_BUFFERS", "1");
@@ -37,17 +49,7 @@ TEST(PersistentBuffers, OnByDefaultOffWithZeroAndAnythingElseRaises) {
     ScopedEnv off("TDIST_FSDP_PERSISTENT_BUFFERS", "0");
     EXPECT_FALSE(persistent_buffers_enabled());
   }
-  {
-    ScopedEnv bad("TDIST_FSDP_PERSISTENT_BUFFERS", "yes");
-    try {
-      persistent_buffers_enabled();
-      ADD_FAILURE() << "a malformed value was accepted";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("TDIST_FSDP_PERSISTENT_BUFFERS='yes'"),
-                std::string::npos)
-          << e.what();
-    }
-  }
+  expect_malformed_value_raises("TDIST_FSDP_PERSISTENT_BUFFERS", "yes", persistent_buffers_enabled);
   if (std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS") == nullptr) {
     EXPECT_TRUE(persistent_buffers_enabled());
   }
@@ -120,16 +122,7 @@ TEST(SymmetricBlocks, SwitchOnByDefaultOffWithZeroAndAnythingElseRaises) {
     ScopedEnv off("TDIST_FSDP_SYMMETRIC", "0");
     EXPECT_FALSE(symmetric_blocks_enabled());
   }
-  {
-    ScopedEnv bad("TDIST_FSDP_SYMMETRIC", "on");
-    try {
-      symmetric_blocks_enabled();
-      ADD_FAILURE() << "a malformed value was accepted";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("TDIST_FSDP_SYMMETRIC='on'"), std::string::npos)
-          << e.what();
-    }
-  }
+  expect_malformed_value_raises("TDIST_FSDP_SYMMETRIC", "on", symmetric_blocks_enabled);
   if (std::getenv("TDIST_FSDP_SYMMETRIC") == nullptr) {
     EXPECT_EQ(symmetric_blocks_enabled(), symmetric_memory::is_available());
   }
