@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +43,31 @@ bool shm_enabled() {
   const char* v = std::getenv("TDIST_MPI_SHM");
   return !v || std::string(v) != "0";
 }
+
+bool peer_reads_enabled() {
+  const char* v = std::getenv("TDIST_MPI_SHM_CMA");
+  return !v || std::string(v) != "0";
+}
+
+// Note [Plain tensors read across processes]: the op sizes (bytes of the larger of input and
+// output) whose plain tensors peers read directly. Measured on the 2-vCPU VM
+// (bench/RESULTS.md, session 9): all_gather and reduce_scatter gain from 256 KiB, all_reduce
+// (two reads of peer memory, three hand-offs) only from 4 MiB; above 16 MiB the staged
+// pipeline is faster for all three.
+struct PeerReadWindow {
+  int64_t min_bytes;
+  int64_t max_bytes;  // -1: no limit
+};
+PeerReadWindow peer_read_window(bool all_reduce) {
+  static const int64_t min_bytes = env_int("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
+  static const int64_t max_bytes = env_int("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
+  const int64_t fallback_min = all_reduce ? int64_t(4) << 20 : int64_t(256) << 10;
+  return {min_bytes >= 0 ? min_bytes : fallback_min, max_bytes};
+}
+
+// What peers read, at window creation, to learn whether cross-process reads work here.
+constexpr uint64_t kProbeMagic = 0x74646973'74434d41ull;  // "tdistCMA"
+const uint64_t kProbeWord = kProbeMagic;
 
 void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -128,7 +155,54 @@ std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) 
   if (window->segments_[rank]) shm_unlink(mine.c_str());
   check_mpi(rc, "MPI_Allreduce (shared-memory collectives set-up)");
   if (!all_ok) return nullptr;
+  window->probe_peer_reads(comm);
   return window;
+}
+
+// Note [Plain tensors read across processes]: every rank reads a known word from every peer;
+// the path is on only if all of them could (a seccomp filter, ptrace_scope or a different
+// user makes process_vm_readv fail with EPERM), so all ranks agree.
+void ShmWindow::probe_peer_reads(MPI_Comm comm) {
+  const int64_t mine[2] = {static_cast<int64_t>(getpid()),
+                           static_cast<int64_t>(reinterpret_cast<uintptr_t>(&kProbeWord))};
+  std::vector<int64_t> all(2 * static_cast<size_t>(size_));
+  check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm),
+            "MPI_Allgather (shared-memory collectives: process ids)");
+  int ok = peer_reads_enabled() ? 1 : 0;
+  for (int r = 0; r < size_ && ok; ++r) {
+    if (r == rank_) continue;
+    uint64_t word = 0;
+    iovec local{&word, sizeof word};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(all[2 * r + 1])), sizeof word};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(all[2 * r]), &local, 1, &remote, 1, 0);
+    ok = got == static_cast<ssize_t>(sizeof word) && word == kProbeMagic;
+  }
+  int all_ok = 0;
+  check_mpi(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm),
+            "MPI_Allreduce (shared-memory collectives: cross-process reads)");
+  if (!all_ok) return;
+  for (int r = 0; r < size_; ++r) pids_.push_back(static_cast<pid_t>(all[2 * r]));
+}
+
+void read_peer_memory(pid_t pid, int peer, uint64_t remote, void* local, size_t bytes,
+                      const std::string& description) {
+  char* to = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec l{to, bytes};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
+    const ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : EIO;
+      TDIST_THROW(DistBackendError, "mpi: " + description + ": reading rank " +
+                                        std::to_string(peer) + "'s tensor (process " +
+                                        std::to_string(pid) + ") failed: " + std::strerror(err) +
+                                        " (did that rank exit or free the tensor mid-op?)");
+    }
+    to += got;
+    remote += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
 }
 
 char* ShmWindow::half(int r, uint64_t seq) const {
@@ -182,13 +256,23 @@ class ShmOp {
     if (domain_ == 0) return;
     // Peers read my input (all_gather: where they can; it is usually not freshly written,
     // and moving lines another core just wrote is what costs most between cores). Else, for
-    // all_gather, my block of the output, filled before I announce it.
+    // all_gather, my block of the output when only it is symmetric, filled before I announce
+    // it. Plain tensors: peers read my input across processes when they may (Note [Plain
+    // tensors read across processes]); the choice depends only on what every rank shares.
     shared_bytes_ = in_.nbytes();
     sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), shared_bytes_);
     if (kind_ == Kind::kAllGather && sym_.id == 0) {
-      announce_output_ = true;
-      sym_ = ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
+      const ::tdist::detail::SymmetricRef block =
+          ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
+      if (block.id != 0) {
+        announce_output_ = true;
+        sym_ = block;
+      }
     }
+    const int64_t op_bytes = std::max<int64_t>(in_.nbytes(), out_.nbytes());
+    const PeerReadWindow plain = peer_read_window(kind_ == Kind::kAllReduce);
+    direct_ = sym_.id != 0 || (w_.reads_peer_memory() && op_bytes >= plain.min_bytes &&
+                               (plain.max_bytes < 0 || op_bytes <= plain.max_bytes));
   }
 
   bool poll(bool& progressed) {
@@ -197,10 +281,10 @@ class ShmOp {
       switch (stage_) {
         case Stage::kBegin:
           if (begin_ >= domain_) return true;
-          if (sym_.id != 0) {
-            begin_symmetric();
+          if (direct_) {
+            begin_direct();
             progressed = true;
-            stage_ = Stage::kSymArrived;
+            stage_ = Stage::kDirectArrived;
             k_ = 0;
             break;
           }
@@ -237,39 +321,44 @@ class ShmOp {
           begin_ += len_;
           stage_ = Stage::kBegin;
           break;
-        case Stage::kSymArrived:
+        case Stage::kDirectArrived:
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return false;
             if (k_ != r) check_same_path(k_);
-            if (kind_ != Kind::kAllReduce) consume_symmetric(k_);
+            if (kind_ == Kind::kAllGather && k_ != r) {
+              copy_from(k_, 0, out_at(k_ * domain_), domain_ * es_);
+            }
             progressed = true;
           }
-          if (kind_ == Kind::kAllReduce) reduce_my_chunk_symmetric();
+          if (kind_ == Kind::kAllReduce) {
+            fold_ranks(chunk_begin(r), chunk_len(r), in_at(chunk_begin(r)));
+          } else if (kind_ == Kind::kReduceScatter) {
+            fold_ranks(r * domain_, domain_, out_at(0));
+          }
           store_release(w_.reduced(r), seq_);
-          stage_ = Stage::kSymDone;
+          stage_ = Stage::kDirectDone;
           k_ = 0;
           break;
-        case Stage::kSymDone:
+        case Stage::kDirectDone:
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.reduced(k_), k_, "finished reading")) return false;
             if (kind_ == Kind::kAllReduce && k_ != r) {
               // Rank k's chunk is reduced, and rank k no longer reads mine.
-              std::memcpy(in_at(chunk_begin(k_)), shared_of(k_) + chunk_begin(k_) * es_,
-                          chunk_len(k_) * es_);
+              copy_from(k_, chunk_begin(k_) * es_, in_at(chunk_begin(k_)), chunk_len(k_) * es_);
               progressed = true;
             }
           }
           if (kind_ == Kind::kAllReduce) {
             // Peers copy my reduced chunk out of my tensor: return only once they are done.
             store_release(w_.arrived(r), done_seq_);
-            stage_ = Stage::kSymFinal;
+            stage_ = Stage::kDirectFinal;
             k_ = 0;
             break;
           }
           begin_ = domain_;
           stage_ = Stage::kBegin;
           break;
-        case Stage::kSymFinal:
+        case Stage::kDirectFinal:
           for (; k_ < n; ++k_) {
             if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied the reduced chunks", done_seq_)) {
               return false;
@@ -283,7 +372,7 @@ class ShmOp {
   }
 
  private:
-  enum class Stage { kBegin, kArrived, kReduced, kSymArrived, kSymDone, kSymFinal };
+  enum class Stage { kBegin, kArrived, kReduced, kDirectArrived, kDirectDone, kDirectFinal };
 
   // all_reduce: chunk j of the current piece is [chunk_begin(j), chunk_begin(j + 1)).
   int64_t chunk_begin(int j) const { return len_ * j / w_.size(); }
@@ -317,7 +406,7 @@ class ShmOp {
         std::memcpy(mine, in_at(begin_), len_ * es_);
         break;
     }
-    announce(0, 0);
+    announce();
     store_release(w_.arrived(r), seq_);
     if (kind_ == Kind::kAllGather) {
       // My own part, while the peers copy theirs in.
@@ -325,16 +414,22 @@ class ShmOp {
     }
   }
 
-  void announce(uint64_t id, int64_t offset) {
+  // My announcement for this piece (ShmWindow::announcement's layout).
+  void announce() {
     int64_t* slot = w_.announcement(w_.rank(), seq_);
-    slot[0] = static_cast<int64_t>(id);
-    slot[1] = offset;
+    slot[0] = direct_ ? 1 : 0;
+    slot[1] = static_cast<int64_t>(sym_.id);
+    slot[2] = sym_.offset;
+    slot[3] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(
+        announce_output_ ? out_at(w_.rank() * domain_) : in_.data_ptr()));
   }
 
-  // Rank k (arrived at this piece) took the same path as this rank, or both raise.
+  // Rank k (arrived at this piece) took the same path as this rank, or both raise. Ranks
+  // disagree only when symmetric memory is on some ranks and plain tensors cannot be read
+  // across processes (or the op is outside their size window).
   void check_same_path(int k) const {
     const bool theirs = w_.announcement(k, seq_)[0] != 0;
-    const bool mine = sym_.id != 0;
+    const bool mine = direct_;
     if (theirs == mine) return;
     TDIST_THROW(DistBackendError, "mpi: " + ctx_.description + ": rank " +
                                       std::to_string(mine ? w_.rank() : k) +
@@ -345,7 +440,7 @@ class ShmOp {
   }
 
   // The whole op as one piece (Note [Symmetric tensors over MPI shared memory]).
-  void begin_symmetric() {
+  void begin_direct() {
     const int r = w_.rank();
     len_ = domain_;
     seq_ = w_.take_seq();
@@ -353,47 +448,66 @@ class ShmOp {
     if (kind_ == Kind::kAllReduce) done_seq_ = w_.take_seq();
     const bool own_copy = kind_ == Kind::kAllGather && out_at(r * domain_) != in_at(0);
     if (own_copy && announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
-    announce(sym_.id, sym_.offset);
+    announce();
     store_release(w_.arrived(r), seq_);
     if (own_copy && !announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
   }
 
-  // What rank k announced, mapped (reductions: rank k's whole tensor, mine for k == r;
-  // all_gather: rank k's block, k != r).
-  const char* shared_of(int k) {
-    if (k == w_.rank()) return static_cast<const char*>(in_.data_ptr());
+  // Bytes [offset, offset + bytes) of what rank k != me announced (all_gather: its block;
+  // reductions: its whole tensor), copied into `dst`: from its mapped symmetric allocation,
+  // or read from its process.
+  void copy_from(int k, int64_t offset, char* dst, int64_t bytes) {
+    if (bytes == 0) return;
     const int64_t* slot = w_.announcement(k, seq_);
-    return w_.mappings().map(static_cast<uint64_t>(slot[0]), slot[1], shared_bytes_, w_.rank(), k);
-  }
-
-  // all_reduce: chunk r of every rank's tensor, folded in rank order (in cache-sized blocks
-  // through a scratch block: my own chunk is one of the inputs), into my chunk r.
-  void reduce_my_chunk_symmetric() {
-    const int n = w_.size(), r = w_.rank();
-    const int64_t begin = chunk_begin(r), count = chunk_len(r);
-    constexpr int64_t kBlockBytes = int64_t(64) << 10;
-    const int64_t per_block = std::max<int64_t>(1, kBlockBytes / es_);
-    if (scratch_.size() < static_cast<size_t>(std::min(count, per_block) * es_)) {
-      scratch_.resize(std::min(count, per_block) * es_);
-    }
-    for (int64_t done = 0; done < count; done += per_block) {
-      const int64_t k = std::min(per_block, count - done);
-      const int64_t at = (begin + done) * es_;
-      at::Tensor acc = view(scratch_.data(), k);
-      for (int p = 0; p < n; ++p) fold(acc, p, const_cast<char*>(shared_of(p)) + at, k);
-      std::memcpy(in_at(begin + done), scratch_.data(), k * es_);
-    }
-  }
-
-  void consume_symmetric(int k) {
-    const int r = w_.rank();
-    const int64_t block = domain_ * es_;
-    if (kind_ == Kind::kAllGather) {
-      if (k != r) std::memcpy(out_at(k * domain_), shared_of(k), block);
+    if (slot[1] != 0) {
+      std::memcpy(dst, mapped(k, slot) + offset, static_cast<size_t>(bytes));
       return;
     }
-    at::Tensor acc = view(out_at(0), domain_);
-    fold(acc, k, const_cast<char*>(shared_of(k)) + r * block, domain_);
+    read_peer_memory(w_.pid(k), k, static_cast<uint64_t>(slot[3] + offset), dst,
+                     static_cast<size_t>(bytes), ctx_.description);
+  }
+
+  // The same bytes of any rank's tensor (mine included) as a pointer: in place when they are
+  // mine or mapped, else read into `scratch`.
+  const char* bytes_of(int k, int64_t offset, int64_t bytes, std::vector<char>& scratch) {
+    if (k == w_.rank()) return static_cast<const char*>(in_.data_ptr()) + offset;
+    const int64_t* slot = w_.announcement(k, seq_);
+    if (slot[1] != 0) return mapped(k, slot) + offset;
+    if (scratch.size() < static_cast<size_t>(bytes)) scratch.resize(static_cast<size_t>(bytes));
+    copy_from(k, offset, scratch.data(), bytes);
+    return scratch.data();
+  }
+
+  const char* mapped(int k, const int64_t* slot) {
+    return w_.mappings().map(static_cast<uint64_t>(slot[1]), slot[2], shared_bytes_, w_.rank(), k);
+  }
+
+  // dst[0, count) = elements [first, first + count) of every rank's tensor folded in rank
+  // order, block by block (256 KiB: few kernel calls for reads across processes, and the
+  // blocks stay in L2). Steps before the last accumulate in scratch; the last writes dst,
+  // which may be this rank's own input there (all_reduce's chunk): by then every other
+  // contribution to the block has been read, and an elementwise op may write the very
+  // elements it reads.
+  void fold_ranks(int64_t first, int64_t count, char* dst) {
+    constexpr int64_t kBlockBytes = int64_t(256) << 10;
+    const int n = w_.size();
+    const int64_t per_block = std::max<int64_t>(1, kBlockBytes / es_);
+    // The fold so far (world > 2); rank 0's block, read from its process (in use until rank
+    // 1's arrives); another rank's block, read from its process.
+    std::vector<char>& acc = w_.fold_scratch(0);
+    std::vector<char>& first_read = w_.fold_scratch(1);
+    std::vector<char>& next_read = w_.fold_scratch(2);
+    for (int64_t done = 0; done < count; done += per_block) {
+      const int64_t k = std::min(per_block, count - done);
+      const int64_t at = (first + done) * es_, bytes = k * es_;
+      const at::Tensor first_rank = view(const_cast<char*>(bytes_of(0, at, bytes, first_read)), k);
+      if (n > 2 && acc.size() < static_cast<size_t>(bytes)) acc.resize(static_cast<size_t>(bytes));
+      for (int p = 1; p < n; ++p) {
+        at::Tensor out = view(p == n - 1 ? dst + done * es_ : acc.data(), k);
+        const at::Tensor so_far = p == 1 ? first_rank : view(acc.data(), k);
+        reduce_out(out, so_far, view(const_cast<char*>(bytes_of(p, at, bytes, next_read)), k), op_);
+      }
+    }
   }
 
   // Takes rank k's contribution to the current piece (k's input has arrived).
@@ -476,11 +590,11 @@ class ShmOp {
   Stage stage_ = Stage::kBegin;
   int k_ = 0;                          // the next rank (in rank order) of the current stage
   char* first_ = nullptr;              // rank 0's contribution, until rank 1's arrives
-  ::tdist::detail::SymmetricRef sym_;  // where peers find my tensor (id 0: staged pieces)
+  ::tdist::detail::SymmetricRef sym_;  // my symmetric tensor (id 0: none)
+  bool direct_ = false;                // one step, peers read my tensor (else staged pieces)
   size_t shared_bytes_ = 0;
   bool announce_output_ = false;  // symmetric all_gather: peers read my output block, not my input
   uint64_t done_seq_ = 0;         // symmetric all_reduce: its last phase's number
-  std::vector<char> scratch_;     // symmetric all_reduce: one block of the fold
 };
 
 StartedOp started(std::shared_ptr<ShmOp> op, std::function<void()> finally) {

@@ -43,14 +43,29 @@
 // Both then set reduced[r] = s and wait for every peer's, so no peer reads a rank's tensor
 // after that rank returns.
 //   all_reduce:     arrived[r] = s; chunk r of every rank's tensor folded in rank order
-//                   into my chunk r (through a scratch block); reduced[r] = s; for each k
+//                   into my chunk r; reduced[r] = s; for each k
 //                   (waiting for reduced[k] >= s: k's chunk is reduced and k no longer reads
 //                   mine) copy chunk k of rank k's tensor into mine; arrived[r] = s + 1 (the
 //                   op takes two numbers) and wait for every peer's.
 // That halves what a rank copies in an all_gather at world 2 (its block and the peer's,
 // against the staged path's copy-in as well), and an all_reduce drops the copy-in. Every op,
-// staged ones included, announces its allocation (0: none) before `arrived`, so ranks that
-// disagree on the path raise DistBackendError at once instead of reading a half nobody wrote.
+// staged ones included, announces whether it reads peers directly before `arrived`, so ranks
+// that disagree on the path raise DistBackendError at once instead of reading a half nobody
+// wrote. The reductions fold in blocks of 256 KiB (rank order, bitwise equal to the staged
+// path).
+//
+// Note [Plain tensors read across processes]: a tensor in ordinary memory takes the same
+// one-step path when the kernel lets the ranks read each other's memory
+// (process_vm_readv, "cross-memory attach": same user, no ptrace restriction; probed once per
+// window, all ranks agree) and the op's size is in the window where that measured faster
+// (TDIST_MPI_SHM_CMA_MIN_BYTES / _MAX_BYTES below): the rank
+// announces its tensor's address, and a peer's read is one kernel copy from that address
+// into the reader's output (all_gather, all_reduce's last phase) or into a block of scratch
+// (the folds). No staging copy: the staged path's copy-in writes lines the peer has just
+// read, which on this 2-vCPU VM costs 5-8x a private copy in some minutes
+// (bench/RESULTS.md, session 6); a kernel read touches the peer's lines only to read them.
+// Symmetric and plain tensors then mix freely in one op (each read takes what its owner
+// announced).
 //
 // Flags are written with release and read with acquire atomics. Reuse is safe without a
 // final sync: a rank writes half h again at piece s + 2 only after finishing piece s + 1,
@@ -72,9 +87,15 @@
 //                                   (default 0);
 //   TDIST_MPI_SHM_MAX_BYTES=<n>     largest op on it (default -1: no limit);
 //   TDIST_MPI_SHM_PIECE_BYTES=<n>   bytes per rank per half (default 1 MiB);
-//   TDIST_MPI_SHM_INLINE=0          every op through the executor thread (Note [Inline start]).
+//   TDIST_MPI_SHM_INLINE=0          every op through the executor thread (Note [Inline start]);
+//   TDIST_MPI_SHM_CMA=0             plain tensors always staged (Note [Plain tensors read
+//                                   across processes]);
+//   TDIST_MPI_SHM_CMA_MIN_BYTES=<n> smallest op (as MIN_BYTES) whose plain tensors peers read
+//                                   directly (default: 256 KiB, all_reduce 4 MiB);
+//   TDIST_MPI_SHM_CMA_MAX_BYTES=<n> largest such op (default 16 MiB; -1: no limit).
 
 #include <mpi.h>
+#include <sys/types.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -110,15 +131,25 @@ class ShmWindow {
   uint64_t* arrived(int r) const;
   uint64_t* reduced(int r) const;
   /// Rank r's announcement for the piece with sequence number `seq` (Note [Symmetric tensors
-  /// over MPI shared memory]): {allocation id (0: a staged piece), offset}.
+  /// over MPI shared memory]): {read directly (0: a staged piece), symmetric allocation id
+  /// (0: plain memory), offset in it, address in the owner's process}.
   int64_t* announcement(int r, uint64_t seq) const;
   /// Peers' symmetric allocations this rank has mapped.
   ::tdist::detail::SymmetricMappings& mappings() { return mappings_; }
+  /// Whether ranks may read each other's plain memory (Note [Plain tensors read across
+  /// processes]); the same answer on every rank.
+  bool reads_peer_memory() const { return !pids_.empty(); }
+  /// Rank r's process id (valid when reads_peer_memory()).
+  pid_t pid(int r) const { return pids_[static_cast<size_t>(r)]; }
   /// The next piece's sequence number (executor thread; the same on every rank).
   uint64_t take_seq() { return next_seq_++; }
+  /// Scratch blocks of the direct reductions' folds (kept: ops of one communicator run one
+  /// at a time, and a fresh 256 KiB block per op would cost a mapping and its page faults).
+  std::vector<char>& fold_scratch(int i) { return fold_scratch_[i]; }
 
  private:
   ShmWindow(int rank, int size, int64_t piece_bytes);
+  void probe_peer_reads(MPI_Comm comm);
 
   int rank_;
   int size_;
@@ -127,7 +158,14 @@ class ShmWindow {
   std::vector<char*> segments_;  // every rank's mapping, mine included
   uint64_t next_seq_ = 1;        // flags start at 0
   ::tdist::detail::SymmetricMappings mappings_;
+  std::vector<pid_t> pids_;  // every rank's process id; empty: no cross-process reads
+  std::vector<char> fold_scratch_[3];
 };
+
+/// Copies `bytes` from address `remote` of process `pid` (rank `peer`) into `local`
+/// (process_vm_readv); raises DistBackendError naming the rank and the system error.
+void read_peer_memory(pid_t pid, int peer, uint64_t remote, void* local, size_t bytes,
+                      const std::string& description);
 
 /// True when an op of `bytes` (the larger of input and output) should take the
 /// shared-memory path: a window exists, the size is in range, and for reductions the op is

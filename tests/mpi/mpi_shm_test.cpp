@@ -5,6 +5,9 @@
 // many times). Every expectation is computed locally from every rank's inputs.
 #include <gtest/gtest.h>
 
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <torch/torch.h>
 
 #include "mpi/mpi_world.h"
@@ -26,6 +29,51 @@ using tdist::mpi::testing::world;
 bool shm_off() {
   const char* v = std::getenv("TDIST_MPI_SHM");
   return v && std::string(v) == "0";
+}
+
+// Whether this machine lets the ranks read each other's memory (process_vm_readv), found
+// independently of the backend: every rank reads a word from every peer.
+bool kernel_allows_cross_process_reads() {
+  static const uint64_t word = 0x5eed'0000'0000'0000ull;
+  auto mine = torch::tensor(
+      {static_cast<int64_t>(getpid()), static_cast<int64_t>(reinterpret_cast<uintptr_t>(&word))});
+  auto all = torch::empty({2 * world()}, torch::kLong);
+  pg().all_gather_into_tensor(all, mine, {})->wait();  // (MPI is the executor thread's)
+  int64_t ok = 1;
+  for (int r = 0; r < world(); ++r) {
+    uint64_t got = 0;
+    iovec local{&got, sizeof got};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(all[2 * r + 1].item<int64_t>())),
+                 sizeof got};
+    const auto pid = static_cast<pid_t>(all[2 * r].item<int64_t>());
+    ok &= process_vm_readv(pid, &local, 1, &remote, 1, 0) == 8 && got == word;
+  }
+  auto agreed = torch::tensor({ok});
+  tdist::AllreduceOptions min;
+  min.op = ReduceOp::MIN;
+  pg().all_reduce(agreed, min)->wait();
+  return agreed.item<int64_t>() != 0;
+}
+
+// Note [Plain tensors read across processes]: whether ranks may read each other's plain
+// tensors in this run (TDIST_MPI_SHM_CMA not 0 and the kernel allows it), and whether an
+// op of `bytes` (the larger of input and output) does (TDIST_MPI_SHM_CMA_MIN_BYTES /
+// _MAX_BYTES, defaults 256 KiB, all_reduce 4 MiB / 16 MiB).
+bool may_read_plain_tensors_across_processes() {
+  if (shm_off() || world() == 1) return false;
+  const char* off = std::getenv("TDIST_MPI_SHM_CMA");
+  if (off && std::string(off) == "0") return false;
+  return kernel_allows_cross_process_reads();
+}
+bool reads_plain_tensors_across_processes(int64_t bytes, bool all_reduce) {
+  auto env = [](const char* name, int64_t fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atoll(v) : fallback;
+  };
+  const int64_t min = env("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
+  const int64_t max = env("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
+  const int64_t lo = min >= 0 ? min : (all_reduce ? int64_t(4) << 20 : int64_t(256) << 10);
+  return bytes >= lo && (max < 0 || bytes <= max) && may_read_plain_tensors_across_processes();
 }
 
 const std::vector<at::ScalarType> kReducible = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
@@ -352,7 +400,7 @@ TEST(MPIShm, SymmetricAllReduceIsTheStagedLeftFoldForEveryOpAndSize) {
   EXPECT_TRUE(t.eq(static_cast<double>(world()) * world()).all().item<bool>()) << t[0];
 }
 
-TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRank) {
+TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRankUnlessPlainTensorsAreRead) {
   if (world() == 1) GTEST_SKIP() << "needs a peer";
   if (shm_off()) GTEST_SKIP() << "the shared-memory path is off";
   if (!tdist::symmetric_memory::is_available()) GTEST_SKIP() << "no symmetric memory here";
@@ -362,15 +410,84 @@ TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRank) {
   auto in = torch::full({n}, static_cast<float>(rank()));
   auto out = rank() == 0 ? tdist::symmetric_memory::empty({n * world()}, torch::kFloat)
                          : torch::empty({n * world()}, torch::kFloat);
-  try {
+  // Note [Plain tensors read across processes]: when ranks may read plain tensors directly,
+  // the ranks mix freely (rank 0's block is read from its symmetric output, the others' from
+  // their processes); otherwise the mismatch is an error on every rank.
+  if (reads_plain_tensors_across_processes(static_cast<int64_t>(out.nbytes()), false)) {
     other->all_gather_into_tensor(out, in, {})->wait();
-    ADD_FAILURE() << "rank " << rank() << ": expected DistBackendError";
-  } catch (const tdist::DistBackendError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("rank 0 passed a tensor in symmetric memory"), std::string::npos) << what;
-    EXPECT_NE(what.find("all_gather_into_tensor"), std::string::npos) << what;
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_TRUE(out.narrow(0, n * r, n).eq(static_cast<float>(r)).all().item<bool>()) << r;
+    }
+  } else {
+    try {
+      other->all_gather_into_tensor(out, in, {})->wait();
+      ADD_FAILURE() << "rank " << rank() << ": expected DistBackendError";
+    } catch (const tdist::DistBackendError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("rank 0 passed a tensor in symmetric memory"), std::string::npos) << what;
+      EXPECT_NE(what.find("all_gather_into_tensor"), std::string::npos) << what;
+    }
   }
   pg().barrier({})->wait();
+}
+
+// Note [Plain tensors read across processes]: the same ops on a backend that always stages
+// (TDIST_MPI_SHM_CMA=0 when it was built) give bitwise the same results, for every kind of
+// reduction, sizes from one element to many fold blocks, and symmetric and plain tensors
+// mixed in one op.
+TEST(MPIShm, PlainTensorsReadAcrossProcessesGiveTheStagedBits) {
+  if (world() == 1 || shm_off()) GTEST_SKIP() << "needs the shared-memory path and a peer";
+  if (!may_read_plain_tensors_across_processes()) {
+    GTEST_SKIP() << "plain tensors are always staged in this run";
+  }
+  setenv("TDIST_MPI_SHM_CMA", "0", 1);
+  auto staged = std::make_shared<MPIBackend>(nullptr, rank(), world(), std::chrono::seconds(60));
+  staged->barrier({})->wait();  // builds its window while the variable is set
+  unsetenv("TDIST_MPI_SHM_CMA");
+  // Per-rank chunks of 70001 and 600007 floats: ops of 0.5-2.2 MiB and 4.6-9.2 MiB at world
+  // 2-4, inside every op's default window.
+  for (int64_t n : {int64_t(70001), int64_t(600007)}) {
+    const bool direct = reads_plain_tensors_across_processes(n * world() * 4, true);
+    for (auto op : ops_for(at::kFloat)) {
+      auto x = op == ReduceOp::SUM
+                   ? torch::randn({n * world()}, at::detail::createCPUGenerator(31 + rank()))
+                   : input_of(rank(), n * world(), at::kFloat, op, 1);
+      tdist::AllreduceOptions ar;
+      ar.op = op;
+      auto a = x.clone(), b = x.clone();
+      pg().all_reduce(a, ar)->wait();
+      staged->all_reduce(b, ar)->wait();
+      EXPECT_TRUE(a.equal(b)) << "all_reduce " << describe(at::kFloat, op, n) << " direct "
+                              << direct;
+      tdist::ReduceScatterOptions rs;
+      rs.op = op;
+      auto c = torch::empty({n}), d = torch::empty({n});
+      pg().reduce_scatter_tensor(c, x, rs)->wait();
+      staged->reduce_scatter_tensor(d, x, rs)->wait();
+      EXPECT_TRUE(c.equal(d)) << "reduce_scatter " << describe(at::kFloat, op, n);
+    }
+    auto in = input_of(rank(), n, at::kInt, ReduceOp::SUM, rank());
+    auto e = torch::empty({n * world()}, torch::kInt), f = torch::empty({n * world()}, torch::kInt);
+    pg().all_gather_into_tensor(e, in, {})->wait();
+    staged->all_gather_into_tensor(f, in, {})->wait();
+    EXPECT_TRUE(e.equal(f)) << "all_gather " << n;
+  }
+  if (!tdist::symmetric_memory::is_available()) return;
+  // Odd ranks symmetric, even ranks plain: one op reads both kinds (an all_reduce of 4.6 MiB
+  // or more: inside its default window).
+  const int64_t n = 600007;
+  auto plain = torch::randn({n * world()}, at::detail::createCPUGenerator(57 + rank()));
+  auto mixed = rank() % 2 ? tdist::symmetric_memory::empty({n * world()}, torch::kFloat)
+                          : torch::empty({n * world()});
+  mixed.copy_(plain);
+  auto out = torch::empty({n});
+  pg().reduce_scatter_tensor(out, mixed, {})->wait();
+  auto want = torch::empty({n});
+  staged->reduce_scatter_tensor(want, plain, {})->wait();
+  EXPECT_TRUE(out.equal(want));
+  pg().all_reduce(mixed, {})->wait();
+  staged->all_reduce(plain, {})->wait();
+  EXPECT_TRUE(mixed.equal(plain));
 }
 
 }  // namespace
