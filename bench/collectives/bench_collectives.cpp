@@ -18,8 +18,10 @@
 // beside tdist's Gloo engine and beside memcpy bandwidth (every rank copying `bytes` at once),
 // timed in turns round by round (Note [Interleaved rounds]); BENCH_TRACE=1 prints every
 // round. Its msym columns are the MPI backend on tensors in symmetric memory
-// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor; --no-symm skips them). Placement:
-// mpirun's (Note [MPI binding]), or --mpi-bind.
+// (all_reduce, all_gather_into_tensor, reduce_scatter_tensor; --no-symm skips them); its mpi
+// columns are plain tensors, which the backend reads across processes inside a size window
+// (Note [Plain tensors read across processes], src/mpi/shm_collectives.h; TDIST_MPI_SHM_CMA=0
+// stages them all). Placement: mpirun's (Note [MPI binding]), or --mpi-bind.
 
 // LibTorch is built with Gloo; its header hides the class unless this is defined.
 #define USE_C10D_GLOO 1
