@@ -32,7 +32,9 @@ namespace tdist::detail {
 
 namespace {
 
-constexpr size_t kBlockBytes = size_t(64) << 10;
+// Fold blocks: large enough that a block's loop amortises, small enough to stay in L2 (the
+// MPI backend's direct reductions use the same; bench/RESULTS.md, session 9).
+constexpr size_t kFoldBlockBytes = size_t(256) << 10;
 
 // Every rank's tensor (this rank's own at index rank), `bytes` long, from the headers.
 std::vector<const char*> symmetric_views(Exchange& ex, ShmArena& arena,
@@ -95,15 +97,21 @@ void symmetric_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp
   std::vector<size_t> offset(n, 0);
   for (int c = 1; c < n; ++c) offset[c] = offset[c - 1] + counts[c - 1] * esz;
   const ReduceFn fn = make_reduce_fn(op, dtype);
-  // In cache-sized blocks through a scratch block: this rank's own chunk is one of the inputs
-  // and must not be overwritten before the fold reaches it.
-  std::vector<char> block(std::min(kBlockBytes, std::max<size_t>(counts[r] * esz, 1)));
-  const size_t per_block = std::max<size_t>(block.size() / esz, 1);
+  // In cache-sized blocks. This rank's own chunk is one of the inputs: steps before the last
+  // accumulate in a scratch block (world > 2), the last writes the chunk in place (by then
+  // every other contribution to the block has been read, and an elementwise op may write the
+  // very elements it reads).
+  const size_t per_block = std::max<size_t>(kFoldBlockBytes / esz, 1);
+  std::vector<char> scratch(n > 2 ? std::min(per_block, counts[r]) * esz : 0);
   for (size_t done = 0; n > 1 && done < counts[r]; done += per_block) {
     const size_t k = std::min(per_block, counts[r] - done);
     const size_t at = offset[r] + done * esz;
-    fold_in_rank_order(fn, block.data(), n, k, [&](int p) { return views[p] + at; });
-    std::memcpy(data + at, block.data(), k * esz);
+    if (n == 2) {
+      fn(data + at, views[0] + at, views[1] + at, k);
+      continue;
+    }
+    fold_in_rank_order(fn, scratch.data(), n - 1, k, [&](int p) { return views[p] + at; });
+    fn(data + at, scratch.data(), views[n - 1] + at, k);
   }
   finish_average(op, data + offset[r], counts[r], dtype, n);
   shm_notify_all(ex, arena);
