@@ -7,11 +7,14 @@
 
 #include <sys/uio.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include <torch/torch.h>
 
 #include "mpi/mpi_world.h"
 #include "mpi/reduce_locally.h"
+#include "mpi/shm_collectives.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -429,6 +432,23 @@ TEST(MPIShm, SymmetricMemoryOnSomeRanksOnlyRaisesOnEveryRankUnlessPlainTensorsAr
     }
   }
   pg().barrier({})->wait();
+}
+
+// A read across processes that fails (the peer exited, or its tensor is gone) raises
+// DistBackendError naming the peer and the system error, never a crash or silent garbage.
+TEST(MPIShm, AFailedReadAcrossProcessesNamesThePeer) {
+  const bool allowed = kernel_allows_cross_process_reads();  // (else EPERM, not EFAULT)
+  char buffer[64] = {};
+  try {
+    tdist::mpi::detail::read_peer_memory(getpid(), 7, /*remote=*/8, buffer, sizeof buffer,
+                                         "rank 0: all_gather_into_tensor");
+    FAIL() << "expected DistBackendError";
+  } catch (const tdist::DistBackendError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("reading rank 7's tensor"), std::string::npos) << what;
+    EXPECT_NE(what.find("all_gather_into_tensor"), std::string::npos) << what;
+    if (allowed) EXPECT_NE(what.find(std::strerror(EFAULT)), std::string::npos) << what;
+  }
 }
 
 // Note [Plain tensors read across processes]: the same ops on a backend that always stages
