@@ -39,30 +39,10 @@ int64_t env_int(const char* name, int64_t fallback) {
   return v && *v ? std::atoll(v) : fallback;
 }
 
-bool shm_enabled() {
-  const char* v = std::getenv("TDIST_MPI_SHM");
-  return !v || std::string(v) != "0";
-}
-
-bool peer_reads_enabled() {
-  const char* v = std::getenv("TDIST_MPI_SHM_CMA");
-  return !v || std::string(v) != "0";
-}
-
-// Note [Plain tensors read across processes]: the op sizes (bytes of the larger of input and
-// output) whose plain tensors peers read directly. Measured on the 2-vCPU VM
-// (bench/RESULTS.md, session 9): all_gather and reduce_scatter gain from 256 KiB, all_reduce
-// (two reads of peer memory, three hand-offs) only from 4 MiB; above 16 MiB the staged
-// pipeline is faster for all three.
-struct PeerReadWindow {
-  int64_t min_bytes;
-  int64_t max_bytes;  // -1: no limit
-};
-PeerReadWindow peer_read_window(bool all_reduce) {
-  static const int64_t min_bytes = env_int("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
-  static const int64_t max_bytes = env_int("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
-  const int64_t fallback_min = all_reduce ? int64_t(4) << 20 : int64_t(256) << 10;
-  return {min_bytes >= 0 ? min_bytes : fallback_min, max_bytes};
+// TDIST_MPI_SHM and TDIST_MPI_SHM_CMA: on unless set to "0".
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "0";
 }
 
 // What peers read, at window creation, to learn whether cross-process reads work here.
@@ -112,7 +92,7 @@ ShmWindow::~ShmWindow() {
 }
 
 std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) {
-  if (size < 2 || !shm_enabled()) return nullptr;
+  if (size < 2 || switched_off("TDIST_MPI_SHM")) return nullptr;
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
             "MPI_Comm_split_type (shared-memory collectives)");
@@ -168,7 +148,7 @@ void ShmWindow::probe_peer_reads(MPI_Comm comm) {
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
   check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm),
             "MPI_Allgather (shared-memory collectives: process ids)");
-  int ok = peer_reads_enabled() ? 1 : 0;
+  int ok = switched_off("TDIST_MPI_SHM_CMA") ? 0 : 1;
   for (int r = 0; r < size_ && ok; ++r) {
     if (r == rank_) continue;
     uint64_t word = 0;
@@ -221,6 +201,16 @@ int64_t* ShmWindow::announcement(int r, uint64_t seq) const {
   return reinterpret_cast<int64_t*>(segments_[r] + kAnnouncementOffset + (seq & 1) * 128);
 }
 
+// Note [Plain tensors read across processes]: measured on the 2-vCPU VM (bench/RESULTS.md,
+// session 9), all_gather and reduce_scatter gain from 256 KiB, all_reduce (two reads of peer
+// memory, three hand-offs) only from 4 MiB; above 16 MiB the staged pipeline is faster.
+PeerReadWindow peer_read_window(bool all_reduce) {
+  static const int64_t min_bytes = env_int("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
+  static const int64_t max_bytes = env_int("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
+  const int64_t fallback_min = all_reduce ? int64_t(4) << 20 : int64_t(256) << 10;
+  return {min_bytes >= 0 ? min_bytes : fallback_min, max_bytes};
+}
+
 bool use_shm(const ShmWindow* window, int64_t bytes, at::ScalarType dtype, bool reduces,
              ReduceOp op) {
   if (!window) return false;
@@ -271,8 +261,7 @@ class ShmOp {
     }
     const int64_t op_bytes = std::max<int64_t>(in_.nbytes(), out_.nbytes());
     const PeerReadWindow plain = peer_read_window(kind_ == Kind::kAllReduce);
-    direct_ = sym_.id != 0 || (w_.reads_peer_memory() && op_bytes >= plain.min_bytes &&
-                               (plain.max_bytes < 0 || op_bytes <= plain.max_bytes));
+    direct_ = sym_.id != 0 || (w_.reads_peer_memory() && plain.contains(op_bytes));
   }
 
   bool poll(bool& progressed) {

@@ -167,6 +167,18 @@ class ShmWindow {
 void read_peer_memory(pid_t pid, int peer, uint64_t remote, void* local, size_t bytes,
                       const std::string& description);
 
+/// The op sizes (bytes of the larger of input and output) whose plain tensors peers read
+/// across processes (Note [Plain tensors read across processes]):
+/// TDIST_MPI_SHM_CMA_MIN_BYTES / _MAX_BYTES, else the measured defaults.
+struct PeerReadWindow {
+  int64_t min_bytes;
+  int64_t max_bytes;  // -1: no limit
+  bool contains(int64_t bytes) const {
+    return bytes >= min_bytes && (max_bytes < 0 || bytes <= max_bytes);
+  }
+};
+PeerReadWindow peer_read_window(bool all_reduce);
+
 /// True when an op of `bytes` (the larger of input and output) should take the
 /// shared-memory path: a window exists, the size is in range, and for reductions the op is
 /// one ATen applies (SUM, AVG, PRODUCT, MIN, MAX) on a non-bool dtype.

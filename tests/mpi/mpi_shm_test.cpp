@@ -60,8 +60,7 @@ bool kernel_allows_cross_process_reads() {
 
 // Note [Plain tensors read across processes]: whether ranks may read each other's plain
 // tensors in this run (TDIST_MPI_SHM_CMA not 0 and the kernel allows it), and whether an
-// op of `bytes` (the larger of input and output) does (TDIST_MPI_SHM_CMA_MIN_BYTES /
-// _MAX_BYTES, defaults 256 KiB, all_reduce 4 MiB / 16 MiB).
+// op of `bytes` (the larger of input and output) does (its size window).
 bool may_read_plain_tensors_across_processes() {
   if (shm_off() || world() == 1) return false;
   const char* off = std::getenv("TDIST_MPI_SHM_CMA");
@@ -69,14 +68,8 @@ bool may_read_plain_tensors_across_processes() {
   return kernel_allows_cross_process_reads();
 }
 bool reads_plain_tensors_across_processes(int64_t bytes, bool all_reduce) {
-  auto env = [](const char* name, int64_t fallback) {
-    const char* v = std::getenv(name);
-    return v && *v ? std::atoll(v) : fallback;
-  };
-  const int64_t min = env("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
-  const int64_t max = env("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
-  const int64_t lo = min >= 0 ? min : (all_reduce ? int64_t(4) << 20 : int64_t(256) << 10);
-  return bytes >= lo && (max < 0 || bytes <= max) && may_read_plain_tensors_across_processes();
+  return tdist::mpi::detail::peer_read_window(all_reduce).contains(bytes) &&
+         may_read_plain_tensors_across_processes();
 }
 
 const std::vector<at::ScalarType> kReducible = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
