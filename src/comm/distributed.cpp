@@ -3,8 +3,10 @@
 #include "tdist/comm/distributed.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <set>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "state.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
+#include "util/openblas_core.h"
 
 namespace tdist {
 
@@ -152,8 +155,26 @@ std::string get_default_backend_for_device(const std::string& device) {
   return it->second;
 }
 
+namespace {
+
+// Note [OpenBLAS on CPUs it does not know] (src/util/openblas_core.h): too late to fix here.
+void warn_if_generic_openblas() {
+  static std::atomic<bool> warned{false};
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || warned.exchange(true)) return;
+  const std::string core = detail::loaded_openblas_core();
+  const char* fix = detail::openblas_coretype_fix(core);
+  if (!fix) return;
+  std::cerr << "tdist: warning: OpenBLAS does not recognise this CPU and runs its generic " + core +
+                   " kernels (matmuls several times slower); start the process with "
+                   "OPENBLAS_CORETYPE=" +
+                   fix + " (tdistrun sets it for its workers)\n";
+}
+
+}  // namespace
+
 void init_process_group(const InitProcessGroupOptions& options) {
   using detail::WorldState;
+  warn_if_generic_openblas();
   if (detail::world_state() != nullptr) {
     TDIST_THROW(InvalidArgument,
                 "init_process_group called twice: the default process group "

@@ -12,6 +12,7 @@
 
 #include "mpirun_launch.h"
 #include "process_util.h"
+#include "util/openblas_core.h"
 
 extern char** environ;
 
@@ -34,6 +35,7 @@ ElasticAgent::ElasticAgent(LaunchConfig config, Rendezvous& rendezvous)
     auto eq = entry.find('=');
     if (eq != std::string::npos) base_env_[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
+  choose_openblas_kernels();
   bool needs_files = config_.redirects.all || !config_.redirects.per_local_rank.empty() ||
                      config_.tee.all || !config_.tee.per_local_rank.empty();
   if (!config_.log_dir.empty()) {
@@ -43,6 +45,18 @@ ElasticAgent::ElasticAgent(LaunchConfig config, Rendezvous& rendezvous)
     log_root_ = run_dir() + "/logs";
     note("no --log-dir given; worker logs go to " + log_root_);
   }
+}
+
+// Note [OpenBLAS on CPUs it does not know] (src/util/openblas_core.h).
+void ElasticAgent::choose_openblas_kernels() {
+  if (base_env_.count("OPENBLAS_CORETYPE")) return;
+  const std::string core = tdist::detail::system_openblas_core();
+  const char* fix = tdist::detail::openblas_coretype_fix(core);
+  if (!fix) return;
+  base_env_["OPENBLAS_CORETYPE"] = fix;
+  note("OpenBLAS does not recognise this CPU and would run its generic " + core +
+       " kernels; the workers get OPENBLAS_CORETYPE=" + fix +
+       " (set OPENBLAS_CORETYPE to choose another)");
 }
 
 ElasticAgent::~ElasticAgent() {

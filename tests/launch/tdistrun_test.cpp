@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "launch/run_process.h"
+#include "util/openblas_core.h"
 
 namespace tdist::launch::testing {
 namespace {
@@ -76,6 +77,45 @@ TEST(Tdistrun, EnvContractAtWorldSizes1To4) {
     EXPECT_EQ(secret[0].size(), std::string("[rank 0]: SECRET=").size() + 64);
     EXPECT_FALSE(std::filesystem::exists(secret_file)) << "the secret must not outlive the job";
   }
+}
+
+TEST(OpenBlasCore, OnlyTheGenericFallbackIsFixedAndOnlyWithVectorUnits) {
+  EXPECT_EQ(tdist::detail::openblas_coretype_fix(""), nullptr);  // not OpenBLAS
+  EXPECT_EQ(tdist::detail::openblas_coretype_fix("SkylakeX"), nullptr);
+  EXPECT_EQ(tdist::detail::openblas_coretype_fix("Haswell"), nullptr);
+  const char* fix = tdist::detail::openblas_coretype_fix("Prescott");
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const char* expected = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                             ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                          : nullptr;
+  EXPECT_STREQ(fix ? fix : "<none>", expected ? expected : "<none>");
+#else
+  EXPECT_EQ(fix, nullptr);
+#endif
+}
+
+// Note [OpenBLAS on CPUs it does not know]: the workers get kernels for this CPU when the
+// system's OpenBLAS would fall back to its generic ones, and a user's choice is kept.
+TEST(Tdistrun, WorkersGetOpenBlasKernelsForThisCpuUnlessTheUserChose) {
+  const char* before = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved = before ? before : "";
+  unsetenv("OPENBLAS_CORETYPE");
+  const char* fix = tdist::detail::openblas_coretype_fix(tdist::detail::system_openblas_core());
+  auto r = run(with_worker({"--nproc-per-node", "2"}, {"--print-env"}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(env_of(r.out, rank, "OPENBLAS_CORETYPE"), fix ? fix : "<unset>");
+  }
+  EXPECT_EQ(r.err.find("OpenBLAS does not recognise this CPU") != std::string::npos, fix != nullptr)
+      << r.err;
+  auto chosen = run(with_worker({"--nproc-per-node", "2"}, {"--print-env"}),
+                    {{"OPENBLAS_CORETYPE", "Haswell"}});
+  ASSERT_EQ(chosen.exit_code, 0) << describe(chosen);
+  EXPECT_EQ(env_of(chosen.out, 1, "OPENBLAS_CORETYPE"), "Haswell");
+  EXPECT_EQ(chosen.err.find("OpenBLAS"), std::string::npos) << chosen.err;
+  if (before) setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
 }
 
 TEST(Tdistrun, MasterPortAndRunIdAsGivenAndUserSecretKept) {

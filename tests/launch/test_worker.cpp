@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
          {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-          "TDIST_STORE_SECRET_FILE", "OMP_NUM_THREADS"}) {
+          "TDIST_STORE_SECRET_FILE", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE"}) {
       const char* v = std::getenv(key);
       printf("ENV %s=%s\n", key, v ? v : "<unset>");
     }

@@ -37,6 +37,9 @@ class ElasticAgent {
   /// Leaves the rendezvous; errors (node 0 already gone) are only reported.
   void leave(bool quick);
   const std::string& run_dir();
+  /// Sets OPENBLAS_CORETYPE for the workers when the system's OpenBLAS would fall back to its
+  /// generic kernels on this CPU (and the user has not set it).
+  void choose_openblas_kernels();
 
   LaunchConfig config_;
   Rendezvous& rendezvous_;
