@@ -26,6 +26,7 @@
 #include <torch/torch.h>
 
 #include "common/free_port.h"
+#include "common/openblas_kernels.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 
@@ -166,6 +167,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench_common::restart_with_openblas_kernels(argv);
   if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {
     return run_rank();
   }

@@ -35,6 +35,7 @@
 
 #include "bench_gpt.h"
 #include "common/free_port.h"
+#include "common/openblas_kernels.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
@@ -215,6 +216,7 @@ bool run_mode(const std::string& self, const std::string& mode, long cap_bytes, 
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench_common::restart_with_openblas_kernels(argv);
   torch::set_num_threads(1);  // two ranks on two cores
   if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {
     // The cap first: it covers everything this rank allocates from here on.

@@ -32,6 +32,7 @@
 
 #include "bench_gpt.h"
 #include "common/free_port.h"
+#include "common/openblas_kernels.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
@@ -274,6 +275,7 @@ std::vector<Result> run_ranks(const std::string& self, const std::string& mode, 
 }  // namespace
 
 int main(int, char** argv) {
+  bench_common::restart_with_openblas_kernels(argv);
   const Config c;
   torch::set_num_threads(c.threads);
   if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {

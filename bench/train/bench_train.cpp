@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/openblas_kernels.h"
 #include "gpt/launcher.h"
 #include "gpt/memory.h"
 #include "gpt/model.h"
@@ -116,6 +117,7 @@ int run_rank(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench_common::restart_with_openblas_kernels(argv);
   Options o;
   CLI::App app("Training throughput and peak memory of the GPT model under tdist", "bench_train");
   app.add_option("--mode", o.mode, "single, ddp or fsdp")
