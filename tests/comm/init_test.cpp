@@ -7,6 +7,7 @@
 
 #include "comm/comm_test_util.h"
 #include "tdist/store/tcp_store.h"
+#include "util/openblas_core.h"
 
 namespace tdist {
 namespace {
@@ -110,6 +111,37 @@ TEST(InitEnv, CollectivesAtWorldSizes1To4) {
     SCOPED_TRACE("world size " + std::to_string(n));
     expect_all_ok(run_ranks_as_processes("comm_env_init", n, short_run()));
   }
+}
+
+// Note [OpenBLAS on CPUs it does not know]: a process whose OpenBLAS fell back to its
+// generic kernels on a CPU with better ones is told, once, which OPENBLAS_CORETYPE to set;
+// one that set it (or needs nothing) is not. The ranks load the same OpenBLAS as this test
+// binary, so its own choice says what they will see.
+TEST(InitEnv, WarnsOnceWhenOpenBlasRunsItsGenericKernels) {
+  const bool user_set = std::getenv("OPENBLAS_CORETYPE") != nullptr;
+  const char* fix = detail::openblas_coretype_fix(detail::loaded_openblas_core());
+  const std::string warning = "OpenBLAS does not recognise this CPU";
+  auto count = [&](const std::string& output) {
+    size_t n = 0;
+    for (size_t at = output.find(warning); at != std::string::npos;
+         at = output.find(warning, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  auto results = run_ranks_as_processes("comm_env_init", 2, short_run());
+  expect_all_ok(results);
+  for (const auto& r : results) {
+    EXPECT_EQ(count(r.output), fix && !user_set ? 1u : 0u) << r.output;
+    if (fix && !user_set) {
+      EXPECT_NE(r.output.find(std::string("OPENBLAS_CORETYPE=") + fix), std::string::npos);
+    }
+  }
+  auto opts = short_run();
+  opts.env["OPENBLAS_CORETYPE"] = "Haswell";
+  results = run_ranks_as_processes("comm_env_init", 2, opts);
+  expect_all_ok(results);
+  for (const auto& r : results) EXPECT_EQ(count(r.output), 0u) << r.output;
 }
 
 TDIST_SCENARIO(comm_tcp_init) {

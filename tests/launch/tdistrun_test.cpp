@@ -86,10 +86,10 @@ TEST(OpenBlasCore, OnlyTheGenericFallbackIsFixedAndOnlyWithVectorUnits) {
   const char* fix = tdist::detail::openblas_coretype_fix("Prescott");
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const char* expected = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-                             ? "SkylakeX"
-                         : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                          : nullptr;
+  const char* expected =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
+      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? "Haswell"
+                                                                              : nullptr;
   EXPECT_STREQ(fix ? fix : "<none>", expected ? expected : "<none>");
 #else
   EXPECT_EQ(fix, nullptr);
