@@ -55,6 +55,10 @@ WorkPtr CollectiveBackend::all_gather_into_tensor(at::Tensor&, const at::Tensor&
                                                   const AllgatherOptions&) {
   throw_unsupported("all_gather_into_tensor");
 }
+WorkPtr CollectiveBackend::all_gather_placed(const at::Tensor&, BlockPlacer,
+                                             const AllgatherOptions&) {
+  throw_unsupported("all_gather_placed");
+}
 WorkPtr CollectiveBackend::gather(std::vector<at::Tensor>&, const at::Tensor&,
                                   const GatherOptions&) {
   throw_unsupported("gather");

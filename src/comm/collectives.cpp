@@ -7,6 +7,7 @@
 #include "debug_check.h"
 #include "state.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/placed_all_gather.h"
 #include "tdist/error.h"
 
 namespace tdist {
@@ -222,6 +223,28 @@ WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor
   return c.finish(
       c.pg->backend_for(in).all_gather_into_tensor(out, in, c.options<AllgatherOptions>()),
       async_op);
+}
+
+bool supports_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group) {
+  const ProcessGroupPtr pg = detail::resolve_group(group, "all_gather_placed");
+  return pg->is_member() && pg->backend_for(input).supports_all_gather_placed();
+}
+
+// Note [Placed all-gather]: the same collective as all_gather_into_tensor on the wire, so
+// it is numbered, checked (TDIST_DEBUG=DETAIL) and recorded under that name.
+WorkPtr all_gather_placed(const at::Tensor& input_tensor, CollectiveBackend::BlockPlacer place,
+                          const ProcessGroupPtr& group) {
+  Call c(group, "all_gather_into_tensor");
+  if (c.skip()) return completed_work(c.op);
+  at::Tensor in = c.input(input_tensor, "input_tensor");
+  TDIST_CHECK_ARG(static_cast<bool>(place), c.where() + ": no block placer given");
+  CollectiveBackend& backend = c.pg->backend_for(in);
+  TDIST_CHECK_ARG(backend.supports_all_gather_placed(),
+                  c.where() + ": backend " + backend.name() +
+                      " has no placed all-gather; use all_gather_into_tensor");
+  c.debug(in);
+  return c.finish(backend.all_gather_placed(in, std::move(place), c.options<AllgatherOptions>()),
+                  /*async_op=*/true);
 }
 
 WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, int dst,

@@ -132,6 +132,10 @@ bool persistent_buffers_enabled() {
   return switched_on("TDIST_FSDP_PERSISTENT_BUFFERS");
 }
 
+bool placed_all_gather_enabled() {
+  return switched_on("TDIST_FSDP_PLACED_ALL_GATHER");
+}
+
 FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
                               const ProcessGroupPtr& group) {
   FlatShard shard;

@@ -67,6 +67,10 @@ BufferPool& buffer_pool();
 /// TDIST_FSDP_PERSISTENT_BUFFERS, "1" (default) or "0"; any other value raises.
 bool persistent_buffers_enabled();
 
+/// Whether groups whose backend can gather straight into the unsharded block do (Note
+/// [Placed all-gather], tdist/comm/placed_all_gather.h): TDIST_FSDP_PLACED_ALL_GATHER, "1"
+/// (default) or "0"; any other value raises. Must be the same on every rank.
+bool placed_all_gather_enabled();
 /// Whether this rank may put FSDP's buffers in symmetric memory (Note [Pooled blocks in
 /// symmetric memory]): TDIST_FSDP_SYMMETRIC, "1" (default, where symmetric memory is
 /// available) or "0"; any other value raises.

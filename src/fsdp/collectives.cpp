@@ -10,6 +10,7 @@
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
+#include "tdist/comm/placed_all_gather.h"
 
 namespace tdist::fsdp::detail {
 
@@ -179,14 +180,49 @@ WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
   });
 }
 
-void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
-                   size_t element_size) {
-  const size_t row = static_cast<size_t>(layout.total) * element_size;
+bool can_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group) {
+  return group->size() == 1 || supports_all_gather_placed(input, group);
+}
+
+WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const FlatLayout& layout,
+                                const ProcessGroupPtr& group, const std::string& label,
+                                FSDPStats& stats) {
+  const int world = group->size();
+  const size_t element_size = input.element_size();
+  if (world == 1) {
+    {
+      CopyTimer copy(stats);
+      copy_out_rank_block(static_cast<const char*>(input.data_ptr()), unsharded, layout, 1, 0,
+                          element_size);
+    }
+    CommTimer issue(stats.comm_issue_ns);
+    return completed_work("all_gather_into_tensor", {});
+  }
+  CommTimer issue(stats.comm_issue_ns);
+  CollectiveLabelScope label_scope(label);
+  return all_gather_placed(
+      input,
+      [unsharded, &layout, world, element_size](int rank, const char* block) {
+        copy_out_rank_block(block, unsharded, layout, world, rank, element_size);
+      },
+      group);
+}
+
+void copy_out_rank_block(const char* block, char* unsharded, const FlatLayout& layout, int world,
+                         int rank, size_t element_size) {
   for (size_t i = 0; i < layout.offsets.size(); ++i) {
     const size_t n = static_cast<size_t>(layout.numels[i]) * element_size;
     const size_t off = static_cast<size_t>(layout.offsets[i]) * element_size;
-    char* dst = unsharded + off * static_cast<size_t>(world);
-    for (int r = 0; r < world; ++r) std::memcpy(dst + r * n, gathered + r * row + off, n);
+    std::memcpy(unsharded + off * static_cast<size_t>(world) + static_cast<size_t>(rank) * n,
+                block + off, n);
+  }
+}
+
+void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
+                   size_t element_size) {
+  const size_t row = static_cast<size_t>(layout.total) * element_size;
+  for (int r = 0; r < world; ++r) {
+    copy_out_rank_block(gathered + r * row, unsharded, layout, world, r, element_size);
   }
 }
 

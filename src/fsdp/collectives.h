@@ -95,8 +95,24 @@ at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedPa
 WorkPtr issue_all_gather(const at::Tensor& output, const at::Tensor& input,
                          const ProcessGroupPtr& group, const std::string& label, FSDPStats& stats);
 
-/// Copies the rank-major all-gather output into the param-major unsharded block: param i's
-/// padded unsharded tensor is world * numels[i] elements at world * offsets[i].
+/// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): whether issue_all_gather_placed
+/// can run on `group` for `input` (a group of one always can).
+bool can_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group);
+
+/// Issues the all-gather of `input` ([total], this rank's block) straight into the
+/// param-major `unsharded` block (copy_out_rank_block for every rank, on the collective's
+/// thread); `unsharded` and `layout` must outlive the returned Work.
+WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const FlatLayout& layout,
+                                const ProcessGroupPtr& group, const std::string& label,
+                                FSDPStats& stats);
+
+/// Copies rank `rank`'s block of the flat layout ([total] elements) into the param-major
+/// unsharded block: param i's padded unsharded tensor is world * numels[i] elements at
+/// world * offsets[i], rank r's rows at r * numels[i] of it.
+void copy_out_rank_block(const char* block, char* unsharded, const FlatLayout& layout, int world,
+                         int rank, size_t element_size);
+
+/// copy_out_rank_block for every rank's block of the rank-major all-gather output.
 void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layout, int world,
                    size_t element_size);
 

@@ -153,6 +153,9 @@ void ParamGroup::init_persistent_buffers() {
     tmp_slices_.push_back(
         raw_alias(reduce_tmp_.tensor(), flat_.offsets[i], raw_[i]->layout().local_shape()));
   }
+  // Note [Placed all-gather]: where the backend can, the all-gather writes every rank's
+  // block straight into the unsharded block (no rank-major buffer, no copy-out).
+  placed_all_gather_ = placed_all_gather_enabled() && can_all_gather_placed(flat_shard_, group_);
   fast_ = true;
 }
 
@@ -191,15 +194,27 @@ void ParamGroup::unshard(bool async_op) {
   }
   if (fast_) {
     TraceScope trace("FSDP::all_gather", label_);
-    {
-      CopyTimer copy(stats_);
-      all_gather_out_.acquire();
-    }
     const bool slab = shard_state_ == ShardState::kShardedPostForward;
     all_gather_.input = slab ? post_forward_slab_.view({-1}) : flat_shard_;
-    all_gather_.work =
-        issue_all_gather(all_gather_out_.tensor(), all_gather_.input,
-                         slab ? config_.post_forward_group : group_, all_gather_label_, stats_);
+    placed_ = !slab && placed_all_gather_;
+    if (placed_) {
+      {
+        CopyTimer copy(stats_);
+        unsharded_block_ = buffer_pool().acquire(unsharded_block_bytes(), flat_shard_.device(),
+                                                 config_.symmetric_buffers);
+      }
+      all_gather_.work =
+          issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
+                                  all_gather_.input, flat_, group_, all_gather_label_, stats_);
+    } else {
+      {
+        CopyTimer copy(stats_);
+        all_gather_out_.acquire();
+      }
+      all_gather_.work =
+          issue_all_gather(all_gather_out_.tensor(), all_gather_.input,
+                           slab ? config_.post_forward_group : group_, all_gather_label_, stats_);
+    }
   } else if (shard_state_ == ShardState::kShardedPostForward) {
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer.
@@ -220,14 +235,16 @@ void ParamGroup::wait_for_unshard() {
   if (fast_) {
     TraceScope trace("FSDP::all_gather_copy_out", label_);
     CopyTimer copy(stats_);
-    const int world = raw_.front()->layout().world;
-    const size_t nbytes = static_cast<size_t>(world * flat_.total) * element_size_;
-    unsharded_block_ =
-        buffer_pool().acquire(nbytes, flat_shard_.device(), config_.symmetric_buffers);
-    char* base = static_cast<char*>(unsharded_block_.data.get());
-    util::borrow_storage(unsharded_flat_, base, nbytes);
-    copy_out_flat(all_gather_out_.data(), base, flat_, world, element_size_);
-    all_gather_out_.release();
+    const size_t nbytes = unsharded_block_bytes();
+    if (!placed_) {
+      unsharded_block_ =
+          buffer_pool().acquire(nbytes, flat_shard_.device(), config_.symmetric_buffers);
+      copy_out_flat(all_gather_out_.data(), static_cast<char*>(unsharded_block_.data.get()), flat_,
+                    raw_.front()->layout().world, element_size_);
+      all_gather_out_.release();
+    }
+    placed_ = false;
+    util::borrow_storage(unsharded_flat_, static_cast<char*>(unsharded_block_.data.get()), nbytes);
     all_gather_.work.reset();
     all_gather_.input = at::Tensor();
     post_forward_slab_ = at::Tensor();
@@ -614,6 +631,10 @@ void ParamGroup::finalize_backward() {
   if (training_state_ == TrainingState::kPreBackward) post_backward();
   reshard();
   training_state_ = TrainingState::kIdle;
+}
+
+size_t ParamGroup::unsharded_block_bytes() const {
+  return static_cast<size_t>(raw_.front()->layout().world * flat_.total) * element_size_;
 }
 
 size_t ParamGroup::unsharded_bytes() const {

@@ -108,6 +108,8 @@ class ParamGroup {
                 ParamGroup* recorded_next);
   c10::ScalarType reduce_dtype() const;
   void init_persistent_buffers();
+  /// Bytes of the param-major unsharded block (world * total elements).
+  size_t unsharded_block_bytes() const;
   void init_grad_buffer();
   /// Copies `grads` in and issues the reduce-scatter (reduce_, reduce_pending_).
   void issue_reduce(const std::vector<at::Tensor>& grads);
@@ -151,6 +153,8 @@ class ParamGroup {
   at::Tensor grad_flat_;                // [total], the sharded gradients (created at first reduce)
   bool reduce_direct_ = true;           // the pending reduce-scatter writes into grad_flat_
   bool reduce_flat_add_ = false;        // ... else every trainable stash is its rows of grad_flat_
+  bool placed_all_gather_ = false;      // the group's backend gathers into the unsharded block
+  bool placed_ = false;                 // the pending all-gather writes unsharded_block_ itself
 };
 
 }  // namespace tdist::fsdp::detail

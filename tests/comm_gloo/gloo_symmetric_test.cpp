@@ -3,12 +3,13 @@
 // results for every dtype and op, as views at different offsets on different ranks,
 // interleaved with staged collectives; all_gather reads a symmetric input or output, whichever
 // each rank has; a mix of symmetric and plain tensors raises on every rank; freed allocations leave
-// nothing in /dev/shm.
+// nothing in /dev/shm; the placed all-gather (tdist/comm/placed_all_gather.h) on every path.
 
 #include <dirent.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "comm_gloo/gloo_test_util.h"
@@ -28,6 +29,10 @@ at::Tensor symmetric_copy(const at::Tensor& t, int64_t offset = 0) {
   at::Tensor view = base.narrow(0, offset, t.numel()).view(t.sizes());
   view.copy_(t);
   return view;
+}
+
+const char* bytes_of_block(const at::Tensor& dense, int c, int64_t per_rank) {
+  return static_cast<const char*>(dense.data_ptr()) + c * per_rank * dense.element_size();
 }
 
 int objects_of_this_process() {
@@ -170,6 +175,53 @@ TEST_P(GlooSymmetric, SymmetricOnSomeRanksOnlyRaisesOnEveryRank) {
         }
       },
       {}, std::chrono::seconds(10));
+}
+
+// Note [Placed all-gather]: every rank's block reaches the placer exactly once, on every
+// path (symmetric input, staged through the arena, TCP without an arena, a segment smaller
+// than the block), and ranks may mix it with all_gather_into_tensor.
+TEST_P(GlooSymmetric, PlacedAllGatherHandsEveryBlockOnceOnEveryPath) {
+  const int world = GetParam();
+  for (bool shm : {true, false}) {
+    run_gloo(
+        world,
+        [&](GlooBackend& b, int rank, int n) {
+          for (int64_t per_rank : {int64_t(1), int64_t(777), int64_t(70001)}) {
+            for (bool symmetric : {true, false}) {
+              if (symmetric && !shm) continue;
+              const std::string what = std::string(shm ? "arena" : "tcp") +
+                                       (symmetric ? " symmetric" : " plain") + " per_rank " +
+                                       std::to_string(per_rank);
+              at::Tensor plain = rank_input(rank, per_rank, at::kFloat);
+              at::Tensor in = symmetric ? symmetric_copy(plain, rank) : plain;
+              // Rank c's block lands at block n-1-c: an order no dense output has.
+              at::Tensor placed = at::full({per_rank * n}, -1.0f);
+              std::vector<int> calls(n, 0);
+              const size_t bytes = in.nbytes();
+              auto place = [&](int c, const char* block) {
+                ++calls[c];
+                std::memcpy(static_cast<char*>(placed.data_ptr()) + (n - 1 - c) * bytes, block,
+                            bytes);
+              };
+              ASSERT_TRUE(b.supports_all_gather_placed());
+              if (rank % 2 == 1) {
+                // A peer may run the ordinary collective against it.
+                at::Tensor dense = at::empty({per_rank * n});
+                b.all_gather_into_tensor(dense, in, {})->wait();
+                for (int c = 0; c < n; ++c) place(c, bytes_of_block(dense, c, per_rank));
+              } else {
+                b.all_gather_placed(in, place, {})->wait();
+              }
+              for (int c = 0; c < n; ++c) {
+                EXPECT_EQ(calls[c], 1) << what << " block " << c;
+                expect_equal(placed.narrow(0, (n - 1 - c) * per_rank, per_rank),
+                             rank_input(c, per_rank, at::kFloat), what);
+              }
+            }
+          }
+        },
+        GlooBackendOptions().segment_bytes(4096).shared_memory(shm));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooSymmetric, ::testing::Values(1, 2, 3, 4),

@@ -6,6 +6,7 @@
 // Ranks and roots here are ranks *within this backend's group*.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,13 @@ class CollectiveBackend {
   /// output is size() copies of input's shape concatenated along dim 0.
   virtual WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
                                          const AllgatherOptions& opts);
+  /// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): all_gather_into_tensor that
+  /// hands each rank's block to `place` instead of writing one output tensor. Backends that
+  /// have it say so in supports_all_gather_placed().
+  using BlockPlacer = std::function<void(int rank, const char* block)>;
+  virtual bool supports_all_gather_placed() const { return false; }
+  virtual WorkPtr all_gather_placed(const at::Tensor& input, BlockPlacer place,
+                                    const AllgatherOptions& opts);
   virtual WorkPtr gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                          const GatherOptions& opts);
   virtual WorkPtr scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,

@@ -75,6 +75,9 @@ class GlooBackend : public CollectiveBackend {
                      const AllgatherOptions& opts) override;
   WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
                                  const AllgatherOptions& opts) override;
+  bool supports_all_gather_placed() const override { return true; }
+  WorkPtr all_gather_placed(const at::Tensor& input, BlockPlacer place,
+                            const AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                  const GatherOptions& opts) override;
   WorkPtr scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include <ATen/ATen.h>
+
 #include "comm/gloo/collective_common.h"
 #include "comm/gloo/ring.h"
 #include "comm/gloo/shm_collectives.h"
@@ -69,6 +71,32 @@ WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor
                    for (int c = 0; c < size_; ++c) chunks[c] = bytes_of(work) + c * bytes;
                    all_gather_chunks(ex, chunks, bytes, src);
                    unstage(out, work);
+                 });
+}
+
+// Note [Placed all-gather]: the same collective as all_gather_into_tensor on the wire (the
+// same op name and header), so ranks may mix the two.
+WorkPtr GlooBackend::all_gather_placed(const at::Tensor& input, BlockPlacer place,
+                                       const AllgatherOptions& opts) {
+  const std::string op = "all_gather_into_tensor";
+  check_tensor(input, op, rank_, "input");
+  auto timeout = effective_timeout(opts);
+  return enqueue(Lane::kCollective, op, {},
+                 [this, op, in = input, place = std::move(place), timeout]() mutable {
+                   Exchange ex(comm(), start_op(comm(), op, timeout));
+                   if (ShmArena* arena = comm().shm()) {
+                     if (shm_all_gather_placed(ex, *arena, in, place)) return;
+                   } else {
+                     ex.handshake(header_for(in, in.numel()), {}, {});
+                   }
+                   at::Tensor src = staged(in, in.scalar_type());
+                   const size_t bytes = src.nbytes();
+                   at::Tensor gathered = at::empty({static_cast<int64_t>(bytes) * size_},
+                                                   in.options().dtype(at::kByte));
+                   std::vector<char*> chunks(size_);
+                   for (int c = 0; c < size_; ++c) chunks[c] = bytes_of(gathered) + c * bytes;
+                   all_gather_chunks(ex, chunks, bytes, src);
+                   for (int c = 0; c < size_; ++c) place(c, chunks[c]);
                  });
 }
 

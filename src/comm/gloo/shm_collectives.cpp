@@ -247,6 +247,21 @@ bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Te
   return true;
 }
 
+bool shm_all_gather_placed(Exchange& ex, ShmArena& arena, const at::Tensor& in,
+                           const std::function<void(int, const char*)>& place) {
+  if (SymmetricRef ref = symmetric_ref(in, in.scalar_type()); ref.id != 0) {
+    symmetric_all_gather_placed(ex, arena, in, ref, place);
+    return true;
+  }
+  const int n = ex.size();
+  const size_t bytes = in.nbytes();
+  auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
+                      [&](char* p) { copy_into(p, in, in.scalar_type()); });
+  if (half.empty()) return false;
+  for (int c = 0; c < n; ++c) place(c, half[c]);
+  return true;
+}
+
 bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in,
                         ReduceOp op) {
   const int n = ex.size();

@@ -7,6 +7,7 @@
 // (Note [Falling back to TCP] in shm_collectives.cpp): the handshake has run, and the caller
 // moves the data over TCP.
 
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +26,9 @@ void shm_notify_all(Exchange& ex, ShmArena& arena);
 bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);
 /// output holds world_size x input elements, rank c's input at block c.
 bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input);
+/// Note [Placed all-gather]: place(c, block) for every rank c's input, read where it is.
+bool shm_all_gather_placed(Exchange& ex, ShmArena& arena, const at::Tensor& input,
+                           const std::function<void(int, const char*)>& place);
 /// input holds world_size x output elements; output gets the reduction of block `rank`.
 bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output, const at::Tensor& input,
                         ReduceOp op);

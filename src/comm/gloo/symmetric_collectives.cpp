@@ -165,4 +165,13 @@ void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const 
   unstage(out, work);
 }
 
+void symmetric_all_gather_placed(Exchange& ex, ShmArena& arena, const at::Tensor& in,
+                                 SymmetricRef ref,
+                                 const std::function<void(int, const char*)>& place) {
+  auto headers = symmetric_handshake(ex, arena, header_for(in, in.numel()), ref);
+  auto views = symmetric_views(ex, arena, headers, bytes_of(in), in.nbytes());
+  for (int c = 0; c < ex.size(); ++c) place(c, views[c]);
+  shm_notify_all(ex, arena);
+}
+
 }  // namespace tdist::detail

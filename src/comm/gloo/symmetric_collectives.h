@@ -4,6 +4,7 @@
 // (include/tdist/comm/symmetric_memory.h) over the same-host arena: peers read each other's
 // tensors directly instead of staging copies (Note [Symmetric path] in the .cpp).
 
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -32,5 +33,9 @@ void symmetric_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& output,
 /// output (what peers read).
 void symmetric_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& output,
                           const at::Tensor& input, SymmetricRef ref);
+/// Note [Placed all-gather]: place(c, rank c's input) for every rank, read where it lives.
+void symmetric_all_gather_placed(Exchange& ex, ShmArena& arena, const at::Tensor& input,
+                                 SymmetricRef ref,
+                                 const std::function<void(int, const char*)>& place);
 
 }  // namespace tdist::detail
