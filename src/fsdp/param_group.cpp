@@ -111,6 +111,17 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
 }
 
 ParamGroup::~ParamGroup() {
+  // A placed all-gather still in flight (training abandoned mid-step) writes into
+  // unsharded_block_ from the collective's thread: give it a moment, and if it has not
+  // finished, leak the block rather than free memory that thread may still write.
+  if (placed_ && all_gather_.work) {
+    try {
+      all_gather_.work->wait(std::chrono::seconds(5));
+    } catch (...) {
+      // Failed collectives write nothing more; a timeout is checked below.
+    }
+    if (!all_gather_.work->is_completed()) new PooledBlock(std::move(unsharded_block_));
+  }
   // Views autograd saved may outlive the group: they must see 0 bytes, not freed memory.
   if (unsharded_block_) util::free_storage(unsharded_flat_);
 }
