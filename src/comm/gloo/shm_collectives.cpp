@@ -224,6 +224,17 @@ bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   return true;
 }
 
+namespace {
+
+// all_gather's staged path: every rank's input copied into its half of the arena (empty when
+// some rank has no room: TCP then).
+std::vector<char*> publish_inputs(Exchange& ex, ShmArena& arena, const at::Tensor& in) {
+  return publish(ex, arena, header_for(in, in.numel()), everyone(ex.size(), in.nbytes()),
+                 [&](char* p) { copy_into(p, in, in.scalar_type()); });
+}
+
+}  // namespace
+
 bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Tensor& in) {
   // Peers read this rank's input when it is symmetric, else its block of the output.
   SymmetricRef ref = symmetric_ref(in, in.scalar_type());
@@ -235,14 +246,12 @@ bool shm_all_gather(Exchange& ex, ShmArena& arena, at::Tensor& out, const at::Te
     symmetric_all_gather(ex, arena, out, in, ref);
     return true;
   }
-  const int n = ex.size();
   const size_t bytes = in.nbytes();
-  auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
-                      [&](char* p) { copy_into(p, in, in.scalar_type()); });
+  auto half = publish_inputs(ex, arena, in);
   if (half.empty()) return false;
   at::Tensor work = staged_output(out, out.scalar_type());
   char* dst = bytes_of(work);
-  for (int c = 0; c < n; ++c) std::memcpy(dst + c * bytes, half[c], bytes);
+  for (int c = 0; c < ex.size(); ++c) std::memcpy(dst + c * bytes, half[c], bytes);
   unstage(out, work);
   return true;
 }
@@ -253,12 +262,9 @@ bool shm_all_gather_placed(Exchange& ex, ShmArena& arena, const at::Tensor& in,
     symmetric_all_gather_placed(ex, arena, in, ref, place);
     return true;
   }
-  const int n = ex.size();
-  const size_t bytes = in.nbytes();
-  auto half = publish(ex, arena, header_for(in, in.numel()), everyone(n, bytes),
-                      [&](char* p) { copy_into(p, in, in.scalar_type()); });
+  auto half = publish_inputs(ex, arena, in);
   if (half.empty()) return false;
-  for (int c = 0; c < n; ++c) place(c, half[c]);
+  for (int c = 0; c < ex.size(); ++c) place(c, half[c]);
   return true;
 }
 
