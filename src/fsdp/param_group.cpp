@@ -111,10 +111,11 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
 }
 
 ParamGroup::~ParamGroup() {
-  // A placed all-gather still in flight (training abandoned mid-step) writes into
-  // unsharded_block_ from the collective's thread: give it a moment, and if it has not
-  // finished, leak the block rather than free memory that thread may still write.
-  if (placed_ && all_gather_.work) {
+  // The unsharded block is held while an all-gather is pending only when that all-gather is
+  // placed (training abandoned mid-step): it writes into the block from the collective's
+  // thread, so give it a moment, and if it has not finished, leak the block rather than free
+  // memory that thread may still write.
+  if (unsharded_block_ && all_gather_.work) {
     try {
       all_gather_.work->wait(std::chrono::seconds(5));
     } catch (...) {
@@ -207,8 +208,7 @@ void ParamGroup::unshard(bool async_op) {
     TraceScope trace("FSDP::all_gather", label_);
     const bool slab = shard_state_ == ShardState::kShardedPostForward;
     all_gather_.input = slab ? post_forward_slab_.view({-1}) : flat_shard_;
-    placed_ = !slab && placed_all_gather_;
-    if (placed_) {
+    if (!slab && placed_all_gather_) {
       {
         CopyTimer copy(stats_);
         unsharded_block_ = buffer_pool().acquire(unsharded_block_bytes(), flat_shard_.device(),
@@ -247,14 +247,13 @@ void ParamGroup::wait_for_unshard() {
     TraceScope trace("FSDP::all_gather_copy_out", label_);
     CopyTimer copy(stats_);
     const size_t nbytes = unsharded_block_bytes();
-    if (!placed_) {
+    if (all_gather_out_.held()) {  // gathered rank-major: copy out (else placed already)
       unsharded_block_ =
           buffer_pool().acquire(nbytes, flat_shard_.device(), config_.symmetric_buffers);
       copy_out_flat(all_gather_out_.data(), static_cast<char*>(unsharded_block_.data.get()), flat_,
                     raw_.front()->layout().world, element_size_);
       all_gather_out_.release();
     }
-    placed_ = false;
     util::borrow_storage(unsharded_flat_, static_cast<char*>(unsharded_block_.data.get()), nbytes);
     all_gather_.work.reset();
     all_gather_.input = at::Tensor();

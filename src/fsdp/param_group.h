@@ -154,7 +154,6 @@ class ParamGroup {
   bool reduce_direct_ = true;           // the pending reduce-scatter writes into grad_flat_
   bool reduce_flat_add_ = false;        // ... else every trainable stash is its rows of grad_flat_
   bool placed_all_gather_ = false;      // the group's backend gathers into the unsharded block
-  bool placed_ = false;                 // the pending all-gather writes unsharded_block_ itself
 };
 
 }  // namespace tdist::fsdp::detail

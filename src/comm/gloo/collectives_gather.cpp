@@ -43,6 +43,16 @@ void all_gather_chunks(Exchange& ex, std::vector<char*>& chunks, size_t bytes,
   ring_all_gather(ex, chunks, std::vector<size_t>(ex.size(), bytes), kPhase1);
 }
 
+// The TCP path of all_gather_into_tensor and all_gather_placed: every rank's `input` into
+// `dst`, rank-major.
+void all_gather_rank_major(Exchange& ex, const at::Tensor& input, char* dst) {
+  at::Tensor src = staged(input, input.scalar_type());
+  const size_t bytes = src.nbytes();
+  std::vector<char*> chunks(ex.size());
+  for (int c = 0; c < ex.size(); ++c) chunks[c] = dst + c * bytes;
+  all_gather_chunks(ex, chunks, bytes, src);
+}
+
 }  // namespace
 
 WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
@@ -64,12 +74,8 @@ WorkPtr GlooBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor
                    } else {
                      ex.handshake(header_for(in, in.numel()), {}, {});
                    }
-                   at::Tensor src = staged(in, in.scalar_type());
                    at::Tensor work = staged_output(out, out.scalar_type());
-                   const size_t bytes = src.nbytes();
-                   std::vector<char*> chunks(size_);
-                   for (int c = 0; c < size_; ++c) chunks[c] = bytes_of(work) + c * bytes;
-                   all_gather_chunks(ex, chunks, bytes, src);
+                   all_gather_rank_major(ex, in, bytes_of(work));
                    unstage(out, work);
                  });
 }
@@ -89,14 +95,11 @@ WorkPtr GlooBackend::all_gather_placed(const at::Tensor& input, BlockPlacer plac
                    } else {
                      ex.handshake(header_for(in, in.numel()), {}, {});
                    }
-                   at::Tensor src = staged(in, in.scalar_type());
-                   const size_t bytes = src.nbytes();
+                   const size_t bytes = in.nbytes();
                    at::Tensor gathered = at::empty({static_cast<int64_t>(bytes) * size_},
                                                    in.options().dtype(at::kByte));
-                   std::vector<char*> chunks(size_);
-                   for (int c = 0; c < size_; ++c) chunks[c] = bytes_of(gathered) + c * bytes;
-                   all_gather_chunks(ex, chunks, bytes, src);
-                   for (int c = 0; c < size_; ++c) place(c, chunks[c]);
+                   all_gather_rank_major(ex, in, bytes_of(gathered));
+                   for (int c = 0; c < size_; ++c) place(c, bytes_of(gathered) + c * bytes);
                  });
 }
 
