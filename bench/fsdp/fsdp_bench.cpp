@@ -11,7 +11,9 @@
 // (all modules). A #wrong
 // column: the final loss must match the single-process run (which trains on both ranks'
 // batches). Env: BENCH_WIDTH, BENCH_DEPTH, BENCH_BATCH (per rank), BENCH_SEQ, BENCH_VOCAB,
-// BENCH_STEPS, BENCH_WARMUP, BENCH_THREADS, BENCH_MODES (comma list), BENCH_ROUNDS.
+// BENCH_STEPS, BENCH_WARMUP, BENCH_THREADS, BENCH_MODES (comma list), BENCH_ROUNDS,
+// BENCH_BACKEND (gloo, the default, or mpi: each mode's ranks started by one mpirun with
+// mpirun's own placement, Note [MPI binding] in bench/collectives).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -232,6 +234,34 @@ bool read_result(const std::string& path, Result& r) {
   return true;
 }
 
+std::string backend_name() {
+  const char* b = std::getenv("BENCH_BACKEND");
+  const std::string name = b && *b ? b : "gloo";
+  if (name != "gloo" && name != "mpi") {
+    std::cerr << "BENCH_BACKEND must be gloo or mpi, got '" << name << "'\n";
+    std::exit(2);
+  }
+  return name;
+}
+
+// The ranks of one mode as one mpirun job; rank r writes `prefix` + r.
+std::vector<pid_t> start_mpirun(const std::string& self, const std::string& mode, int world,
+                                const std::string& prefix) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("BENCH_ROLE", "rank", 1);
+    setenv("BENCH_MODE", mode.c_str(), 1);
+    setenv("BENCH_RESULT", prefix.c_str(), 1);
+    const std::string n = std::to_string(world);
+    execlp("mpirun", "mpirun", "-n", n.c_str(), "--oversubscribe", "--allow-run-as-root", "--mca",
+           "btl", "self,vader", "-x", "BENCH_ROLE", "-x", "BENCH_MODE", "-x", "BENCH_RESULT",
+           self.c_str(), static_cast<char*>(nullptr));
+    std::perror("execlp mpirun");
+    _exit(127);
+  }
+  return {pid};
+}
+
 // Runs this binary as `world` ranks of `mode`; returns each rank's result.
 std::vector<Result> run_ranks(const std::string& self, const std::string& mode, int world) {
   const auto dir =
@@ -240,9 +270,13 @@ std::vector<Result> run_ranks(const std::string& self, const std::string& mode, 
   const int port = bench::free_port();
   std::vector<pid_t> pids;
   std::vector<std::string> files;
+  const bool mpi = backend_name() == "mpi";
   for (int rank = 0; rank < world; ++rank) {
     files.push_back((dir / (mode + std::to_string(rank))).string());
     std::filesystem::remove(files.back());
+  }
+  if (mpi) pids = start_mpirun(self, mode, world, (dir / mode).string());
+  for (int rank = 0; rank < world && !mpi; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
       setenv("MASTER_ADDR", "127.0.0.1", 1);
@@ -258,10 +292,15 @@ std::vector<Result> run_ranks(const std::string& self, const std::string& mode, 
     }
     pids.push_back(pid);
   }
-  std::vector<Result> results;
-  for (size_t i = 0; i < pids.size(); ++i) {
+  std::vector<int> statuses;
+  for (pid_t pid : pids) {
     int status = 0;
-    waitpid(pids[i], &status, 0);
+    waitpid(pid, &status, 0);
+    statuses.push_back(status);
+  }
+  std::vector<Result> results;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const int status = statuses[mpi ? 0 : i];
     Result r;
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) || !read_result(files[i], r)) {
       std::cerr << mode << " rank " << i << " failed (status " << status << ")\n";
@@ -279,10 +318,13 @@ int main(int, char** argv) {
   const Config c;
   torch::set_num_threads(c.threads);
   if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {
-    tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
+    const std::string backend = backend_name();
+    tdist::init_process_group(tdist::InitProcessGroupOptions().backend(backend));
     const Result r =
         train(c, std::getenv("BENCH_MODE"), tdist::get_rank(), tdist::get_world_size());
-    write_result(r, std::getenv("BENCH_RESULT"));
+    std::string file = std::getenv("BENCH_RESULT");
+    if (backend == "mpi") file += std::to_string(tdist::get_rank());  // one mpirun, one prefix
+    write_result(r, file.c_str());
     tdist::destroy_process_group();
     return 0;
   }
@@ -298,7 +340,7 @@ int main(int, char** argv) {
   }
   std::cout << "GPT width " << c.width << " depth " << c.depth << " seq " << c.seq << " vocab "
             << c.vocab << " batch/rank " << c.batch << " threads/rank " << c.threads << " steps "
-            << c.steps << "\n";
+            << c.steps << " backend " << backend_name() << "\n";
   const Result single = train(c, "single", 0, 1);
   const double psi = single.psi;
   std::cout << "psi = " << psi << " parameters, 16*psi = " << 16 * psi / 1e6

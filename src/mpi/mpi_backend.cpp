@@ -353,10 +353,7 @@ WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor&
                       " x world size " + std::to_string(size_));
   Staged in = stage(input, false);
   Staged out = stage(output, false);
-  int count = checked_count(in.buffer.numel(), "all_gather_into_tensor");
   checked_count(out.buffer.numel(), "all_gather_into_tensor");
-  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
-  MPI_Comm comm = comm_->comm;
   if (detail::use_shm(comm_->shm.get(), out.buffer.nbytes(), out.buffer.scalar_type(), false,
                       ReduceOp::SUM)) {
     auto ctx = shm_context(*comm_, rank_, "all_gather_into_tensor", deadline_for(opts));
@@ -364,23 +361,61 @@ WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor&
     return submit_shm(this, *comm_, "all_gather_into_tensor", {output}, deadline_for(opts),
                       out.buffer.nbytes(), std::move(op));
   }
-  if (detail::use_direct(size_, out.buffer.nbytes(), out.buffer.scalar_type(), false,
-                         ReduceOp::SUM)) {
-    auto direct = comm_->direct(rank_, size_);
-    return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), comm_->lane, [=] {
-      return detail::direct_all_gather(direct, in.buffer, out.buffer, detail::take_tag(direct),
-                                       [out, in] { out.copy_back(); });
-    });
+  return gather_off_shm(
+      in.buffer, out.buffer, {output}, [out, in] { out.copy_back(); }, opts);
+}
+
+// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): the same collective as
+// all_gather_into_tensor (the same name, sizes and path choice on every rank), so ranks may
+// mix the two. Over shared memory the blocks go to `place` as the op reads them; elsewhere
+// they are gathered rank-major into a scratch buffer and placed from it.
+WorkPtr MPIBackend::all_gather_placed(const at::Tensor& input, BlockPlacer place,
+                                      const AllgatherOptions& opts) {
+  check_not_broken("all_gather_into_tensor");
+  Staged in = stage(input, false);
+  const int64_t out_bytes = static_cast<int64_t>(in.buffer.nbytes()) * size_;
+  checked_count(in.buffer.numel() * size_, "all_gather_into_tensor");
+  if (detail::use_shm(comm_->shm.get(), out_bytes, in.buffer.scalar_type(), false, ReduceOp::SUM)) {
+    auto ctx = shm_context(*comm_, rank_, "all_gather_into_tensor", deadline_for(opts));
+    auto op = detail::shm_all_gather_placed(ctx, in.buffer, std::move(place), [in] {});
+    return submit_shm(this, *comm_, "all_gather_into_tensor", {}, deadline_for(opts), out_bytes,
+                      std::move(op));
   }
-  return submit(this, "all_gather_into_tensor", {output}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Iallgather(in.buffer.data_ptr(), count, type, out.buffer.data_ptr(), count, type,
-                             comm, &s.requests[0]),
-              "MPI_Iallgather");
-    s.on_complete = [out, in] { out.copy_back(); };
-    return s;
-  });
+  at::Tensor gathered = at::empty({in.buffer.numel() * size_}, in.buffer.options());
+  const size_t block = in.buffer.nbytes();
+  const int n = size_;
+  return gather_off_shm(
+      in.buffer, gathered, {},
+      [in, gathered, block, n, place = std::move(place)] {
+        const char* all = static_cast<const char*>(gathered.data_ptr());
+        for (int c = 0; c < n; ++c) place(c, all + c * block);
+      },
+      opts);
+}
+
+WorkPtr MPIBackend::gather_off_shm(const at::Tensor& in, const at::Tensor& out,
+                                   std::vector<at::Tensor> outputs, std::function<void()> finally,
+                                   const AllgatherOptions& opts) {
+  const int count = checked_count(in.numel(), "all_gather_into_tensor");
+  if (detail::use_direct(size_, out.nbytes(), out.scalar_type(), false, ReduceOp::SUM)) {
+    auto direct = comm_->direct(rank_, size_);
+    return submit(
+        this, "all_gather_into_tensor", std::move(outputs), deadline_for(opts), comm_->lane, [=] {
+          return detail::direct_all_gather(direct, in, out, detail::take_tag(direct), finally);
+        });
+  }
+  MPI_Datatype type = detail::mpi_datatype(in.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  return submit(this, "all_gather_into_tensor", std::move(outputs), deadline_for(opts), comm_->lane,
+                [=] {
+                  StartedOp s;
+                  s.requests.resize(1);
+                  check_mpi(MPI_Iallgather(in.data_ptr(), count, type, out.data_ptr(), count, type,
+                                           comm, &s.requests[0]),
+                            "MPI_Iallgather");
+                  s.on_complete = finally;
+                  return s;
+                });
 }
 
 WorkPtr MPIBackend::all_gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,

@@ -231,19 +231,24 @@ enum class Kind { kAllReduce, kReduceScatter, kAllGather };
 // of the input (domain = input numel).
 class ShmOp {
  public:
-  ShmOp(ShmOpContext ctx, Kind kind, at::Tensor in, at::Tensor out, ReduceOp op)
+  ShmOp(ShmOpContext ctx, Kind kind, at::Tensor in, at::Tensor out, ReduceOp op,
+        BlockPlacer place = nullptr)
       : ctx_(std::move(ctx)),
         w_(*ctx_.window),
         kind_(kind),
         in_(std::move(in)),
         out_(std::move(out)),
         op_(op),
-        es_(in_.element_size()) {
+        es_(in_.element_size()),
+        place_(std::move(place)) {
     const int n = w_.size();
     domain_ = kind_ == Kind::kReduceScatter ? out_.numel() : in_.numel();
     const int64_t per_piece = kind_ == Kind::kReduceScatter ? n * es_ : es_;
     piece_elems_ = std::max<int64_t>(1, w_.piece_bytes() / per_piece);
-    if (domain_ == 0) return;
+    if (domain_ == 0) {
+      place_every_block();
+      return;
+    }
     // Peers read my input (all_gather: where they can; it is usually not freshly written,
     // and moving lines another core just wrote is what costs most between cores). Else, for
     // all_gather, my block of the output when only it is symmetric, filled before I announce
@@ -251,7 +256,7 @@ class ShmOp {
     // tensors read across processes]); the choice depends only on what every rank shares.
     shared_bytes_ = in_.nbytes();
     sym_ = ::tdist::detail::find_symmetric(in_.data_ptr(), shared_bytes_);
-    if (kind_ == Kind::kAllGather && sym_.id == 0) {
+    if (kind_ == Kind::kAllGather && sym_.id == 0 && !place_) {
       const ::tdist::detail::SymmetricRef block =
           ::tdist::detail::find_symmetric(out_at(w_.rank() * domain_), shared_bytes_);
       if (block.id != 0) {
@@ -259,9 +264,15 @@ class ShmOp {
         sym_ = block;
       }
     }
-    const int64_t op_bytes = std::max<int64_t>(in_.nbytes(), out_.nbytes());
+    // (A placed all-gather's size is its peers' output size, so every rank picks one path.)
+    const int64_t op_bytes = place_ ? static_cast<int64_t>(in_.nbytes()) * n
+                                    : std::max<int64_t>(in_.nbytes(), out_.nbytes());
     const PeerReadWindow plain = peer_read_window(kind_ == Kind::kAllReduce);
     direct_ = sym_.id != 0 || (w_.reads_peer_memory() && plain.contains(op_bytes));
+    // Note [Placed all-gather over shared memory]: one step hands each peer's block to the
+    // placer where it lives (mapped) or as read from its process; staged pieces gather
+    // rank-major into a scratch buffer first, placed from there once complete.
+    if (place_ && !direct_) out_ = at::empty({n * domain_}, in_.options());
   }
 
   bool poll(bool& progressed) {
@@ -269,7 +280,10 @@ class ShmOp {
     while (true) {
       switch (stage_) {
         case Stage::kBegin:
-          if (begin_ >= domain_) return true;
+          if (begin_ >= domain_) {
+            if (place_ && !direct_) place_every_block();
+            return true;
+          }
           if (direct_) {
             begin_direct();
             progressed = true;
@@ -315,7 +329,11 @@ class ShmOp {
             if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return false;
             if (k_ != r) check_same_path(k_);
             if (kind_ == Kind::kAllGather && k_ != r) {
-              copy_from(k_, 0, out_at(k_ * domain_), domain_ * es_);
+              if (place_) {
+                place_from(k_);
+              } else {
+                copy_from(k_, 0, out_at(k_ * domain_), domain_ * es_);
+              }
             }
             progressed = true;
           }
@@ -435,11 +453,39 @@ class ShmOp {
     seq_ = w_.take_seq();
     // all_reduce has a third phase, flagged on `arrived` with a sequence number of its own.
     if (kind_ == Kind::kAllReduce) done_seq_ = w_.take_seq();
+    if (kind_ == Kind::kAllGather && place_) {
+      announce();
+      store_release(w_.arrived(r), seq_);
+      place_(r, in_at(0));  // while the peers read mine
+      return;
+    }
     const bool own_copy = kind_ == Kind::kAllGather && out_at(r * domain_) != in_at(0);
     if (own_copy && announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
     announce();
     store_release(w_.arrived(r), seq_);
     if (own_copy && !announce_output_) std::memcpy(out_at(r * domain_), in_at(0), domain_ * es_);
+  }
+
+  // Rank k's whole block (one step) to the placer: from its mapping, or read from its process.
+  void place_from(int k) {
+    const int64_t* slot = w_.announcement(k, seq_);
+    if (slot[1] != 0) {
+      place_(k, mapped(k, slot));
+      return;
+    }
+    std::vector<char>& block = w_.fold_scratch(1);
+    const auto bytes = static_cast<size_t>(domain_ * es_);
+    if (block.size() < bytes) block.resize(bytes);
+    copy_from(k, 0, block.data(), domain_ * es_);
+    place_(k, block.data());
+  }
+
+  // Every rank's block to the placer (once): rank-major from `out_` (staged), or my own
+  // input for every rank when the blocks are empty.
+  void place_every_block() {
+    if (!place_ || placed_every_block_) return;
+    placed_every_block_ = true;
+    for (int c = 0; c < w_.size(); ++c) place_(c, domain_ == 0 ? in_at(0) : out_at(c * domain_));
   }
 
   // Bytes [offset, offset + bytes) of what rank k != me announced (all_gather: its block;
@@ -584,6 +630,8 @@ class ShmOp {
   size_t shared_bytes_ = 0;
   bool announce_output_ = false;  // symmetric all_gather: peers read my output block, not my input
   uint64_t done_seq_ = 0;         // symmetric all_reduce: its last phase's number
+  BlockPlacer place_;             // all_gather_placed: where each rank's block goes (else out_)
+  bool placed_every_block_ = false;
 };
 
 StartedOp started(std::shared_ptr<ShmOp> op, std::function<void()> finally) {
@@ -615,6 +663,13 @@ StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
                          std::function<void()> finally) {
   return started(std::make_shared<ShmOp>(std::move(ctx), Kind::kAllGather, in.view({-1}),
                                          out.view({-1}), ReduceOp::SUM),
+                 std::move(finally));
+}
+
+StartedOp shm_all_gather_placed(ShmOpContext ctx, at::Tensor in, BlockPlacer place,
+                                std::function<void()> finally) {
+  return started(std::make_shared<ShmOp>(std::move(ctx), Kind::kAllGather, in.view({-1}),
+                                         at::Tensor(), ReduceOp::SUM, std::move(place)),
                  std::move(finally));
 }
 

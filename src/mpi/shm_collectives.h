@@ -205,4 +205,10 @@ StartedOp shm_reduce_scatter(ShmOpContext ctx, at::Tensor in, at::Tensor out, Re
 StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
                          std::function<void()> finally);
 
+/// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): every rank's `in` handed to
+/// `place` (once per rank, on the executor thread, before `finally`).
+using BlockPlacer = std::function<void(int rank, const char* block)>;
+StartedOp shm_all_gather_placed(ShmOpContext ctx, at::Tensor in, BlockPlacer place,
+                                std::function<void()> finally);
+
 }  // namespace tdist::mpi::detail

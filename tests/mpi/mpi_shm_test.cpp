@@ -154,6 +154,56 @@ TEST(MPIShm, AllGatherIntoTensorEveryDtypeAndSize) {
   }
 }
 
+// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): every rank's block reaches the
+// placer exactly once, on whichever path this run's variant takes for the size (one step
+// from mapped or plain tensors, staged pieces, MPI messages with shared memory off), with
+// symmetric and plain inputs, and odd ranks running all_gather_into_tensor against it.
+TEST(MPIShm, PlacedAllGatherHandsEveryBlockOnceAndMixesWithTheOrdinaryOne) {
+  const int n = world();
+  std::vector<tdist::WorkPtr> in_flight;
+  for (int64_t per_rank : {int64_t(0), int64_t(1), int64_t(777), int64_t(70001), int64_t(300007)}) {
+    for (bool symmetric : {false, true}) {
+      if (symmetric && !tdist::symmetric_memory::is_available()) continue;
+      const std::string what =
+          std::string(symmetric ? "symmetric" : "plain") + " per_rank " + std::to_string(per_rank);
+      auto plain = input_of(rank(), per_rank, at::kFloat, ReduceOp::SUM, /*salt=*/rank());
+      at::Tensor in = plain;
+      if (symmetric) {
+        in = tdist::symmetric_memory::empty({per_rank}, torch::kFloat);
+        in.copy_(plain);
+      }
+      // Rank c's block lands at block n-1-c: an order no dense output has.
+      auto placed = torch::full({per_rank * n}, -1.0f);
+      std::vector<int> calls(n, 0);
+      const size_t bytes = in.nbytes();
+      auto place = [&](int c, const char* block) {
+        ++calls[c];
+        std::memcpy(static_cast<char*>(placed.data_ptr()) + (n - 1 - c) * bytes, block, bytes);
+      };
+      ASSERT_TRUE(pg().supports_all_gather_placed());
+      // Another op in flight before it: the gather waits its turn on the lane.
+      auto other = input_of(rank(), 1001, at::kFloat, ReduceOp::SUM);
+      in_flight.push_back(pg().all_reduce(other, {}));
+      if (rank() % 2 == 1) {
+        auto dense = torch::empty({per_rank * n});
+        pg().all_gather_into_tensor(dense, in, {})->wait();
+        for (int c = 0; c < n; ++c) {
+          place(c, static_cast<const char*>(dense.data_ptr()) + c * bytes);
+        }
+      } else {
+        pg().all_gather_placed(in, place, {})->wait();
+      }
+      for (int c = 0; c < n; ++c) {
+        EXPECT_EQ(calls[c], 1) << what << " block " << c;
+        EXPECT_TRUE(placed.narrow(0, (n - 1 - c) * per_rank, per_rank)
+                        .equal(input_of(c, per_rank, at::kFloat, ReduceOp::SUM, c)))
+            << what << " block of rank " << c;
+      }
+    }
+  }
+  for (auto& w : in_flight) w->wait();
+}
+
 TEST(MPIShm, ReductionIsALeftFoldInRankOrderAndBitwiseEqualOnEveryRank) {
   // Random values: the result depends on the order of the additions. Every rank must get
   // ((x0 + x1) + x2) + x3 exactly, computed in fp32 for bfloat16/half too.

@@ -14,8 +14,10 @@
 // a request past its deadline fails its Work with TimeoutError instead of blocking the process.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tdist/comm/collective_backend.h"
 #include "tdist/store/store.h"
@@ -45,6 +47,9 @@ class MPIBackend : public CollectiveBackend {
                      const AllgatherOptions& opts) override;
   WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
                                  const AllgatherOptions& opts) override;
+  bool supports_all_gather_placed() const override { return true; }
+  WorkPtr all_gather_placed(const at::Tensor& input, BlockPlacer place,
+                            const AllgatherOptions& opts) override;
   WorkPtr gather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
                  const GatherOptions& opts) override;
   WorkPtr scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
@@ -65,6 +70,11 @@ class MPIBackend : public CollectiveBackend {
 
  private:
   std::chrono::milliseconds deadline_for(const CollectiveOptions& opts) const;
+  // all_gather_into_tensor off shared memory: `in` gathered rank-major into `out` (both
+  // contiguous), then `finally` on the executor thread before the Work completes.
+  WorkPtr gather_off_shm(const at::Tensor& in, const at::Tensor& out,
+                         std::vector<at::Tensor> outputs, std::function<void()> finally,
+                         const AllgatherOptions& opts);
   std::unique_ptr<detail::Communicator> comm_;
   std::chrono::milliseconds timeout_;
 };
