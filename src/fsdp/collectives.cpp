@@ -184,7 +184,8 @@ bool can_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group
   return group->size() == 1 || supports_all_gather_placed(input, group);
 }
 
-WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const FlatLayout& layout,
+WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input,
+                                std::shared_ptr<const FlatLayout> layout,
                                 const ProcessGroupPtr& group, const std::string& label,
                                 FSDPStats& stats) {
   const int world = group->size();
@@ -192,7 +193,7 @@ WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const 
   if (world == 1) {
     {
       CopyTimer copy(stats);
-      copy_out_rank_block(static_cast<const char*>(input.data_ptr()), unsharded, layout, 1, 0,
+      copy_out_rank_block(static_cast<const char*>(input.data_ptr()), unsharded, *layout, 1, 0,
                           element_size);
     }
     CommTimer issue(stats.comm_issue_ns);
@@ -202,8 +203,8 @@ WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const 
   CollectiveLabelScope label_scope(label);
   return all_gather_placed(
       input,
-      [unsharded, &layout, world, element_size](int rank, const char* block) {
-        copy_out_rank_block(block, unsharded, layout, world, rank, element_size);
+      [unsharded, layout = std::move(layout), world, element_size](int rank, const char* block) {
+        copy_out_rank_block(block, unsharded, *layout, world, rank, element_size);
       },
       group);
 }

@@ -12,6 +12,7 @@
 // param i's padded unsharded tensor (Note [Dim-0 padding]). Reduce-scatter uses the same
 // layout for its input, so rank r receives the sum of every rank's column block r.
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -101,8 +102,11 @@ bool can_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group
 
 /// Issues the all-gather of `input` ([total], this rank's block) straight into the
 /// param-major `unsharded` block (copy_out_rank_block for every rank, on the collective's
-/// thread); `unsharded` and `layout` must outlive the returned Work.
-WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input, const FlatLayout& layout,
+/// thread); `unsharded` must outlive the returned Work. The placer shares `layout`, so it
+/// stays valid when the caller is gone before the collective runs (a ParamGroup destroyed
+/// mid-step leaks the block, Note [Abandoned placed all-gather]).
+WorkPtr issue_all_gather_placed(char* unsharded, const at::Tensor& input,
+                                std::shared_ptr<const FlatLayout> layout,
                                 const ProcessGroupPtr& group, const std::string& label,
                                 FSDPStats& stats);
 

@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -106,22 +107,33 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
       config_(std::move(config)) {
   for (auto& p : params_) raw_.push_back(p.get());
   flat_ = FlatLayout::of(raw_);
+  placed_layout_ = std::make_shared<const FlatLayout>(flat_);
   set_label(label_);
   init_persistent_buffers();
 }
 
+// Note [Abandoned placed all-gather]
+// The unsharded block is held while an all-gather is pending only when that all-gather is
+// placed (training abandoned mid-step, e.g. an exception out of a module's forward while the
+// next module's all-gather was prefetched): it writes into the block from the collective's
+// thread, so give it a moment, and if it has not finished, leak the block rather than free
+// memory that thread may still write. The placer shares the layout it reads, so nothing else
+// of this group is touched after it is gone.
 ParamGroup::~ParamGroup() {
-  // The unsharded block is held while an all-gather is pending only when that all-gather is
-  // placed (training abandoned mid-step): it writes into the block from the collective's
-  // thread, so give it a moment, and if it has not finished, leak the block rather than free
-  // memory that thread may still write.
   if (unsharded_block_ && all_gather_.work) {
     try {
       all_gather_.work->wait(std::chrono::seconds(5));
     } catch (...) {
       // Failed collectives write nothing more; a timeout is checked below.
     }
-    if (!all_gather_.work->is_completed()) new PooledBlock(std::move(unsharded_block_));
+    if (!all_gather_.work->is_completed()) {
+      std::cerr << "tdist FSDP warning: module '" << label_
+                << "' was destroyed while its all-gather was still in flight (a step abandoned "
+                   "midway, with a peer not yet there); leaking its "
+                << unsharded_block_.capacity
+                << "-byte unsharded block, which that collective may still write\n";
+      new PooledBlock(std::move(unsharded_block_));
+    }
   }
   // Views autograd saved may outlive the group: they must see 0 bytes, not freed memory.
   if (unsharded_block_) util::free_storage(unsharded_flat_);
@@ -214,9 +226,9 @@ void ParamGroup::unshard(bool async_op) {
         unsharded_block_ = buffer_pool().acquire(unsharded_block_bytes(), flat_shard_.device(),
                                                  config_.symmetric_buffers);
       }
-      all_gather_.work =
-          issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
-                                  all_gather_.input, flat_, group_, all_gather_label_, stats_);
+      all_gather_.work = issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
+                                                 all_gather_.input, placed_layout_, group_,
+                                                 all_gather_label_, stats_);
     } else {
       {
         CopyTimer copy(stats_);

@@ -120,6 +120,7 @@ class ParamGroup {
   std::vector<std::unique_ptr<ShardedParam>> params_;
   std::vector<ShardedParam*> raw_;
   FlatLayout flat_;
+  std::shared_ptr<const FlatLayout> placed_layout_;  // flat_, shared with placed all-gathers
   ProcessGroupPtr group_;
   GroupConfig config_;
   CommContext* comm_ = nullptr;

@@ -12,6 +12,7 @@
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/store/file_store.h"
+#include "tdist/store/tcp_store.h"
 
 namespace tdist::testing {
 namespace {
@@ -62,6 +63,38 @@ TDIST_SCENARIO(gloo_sigkill_mid_all_reduce) {
     std::cerr << "rank " << rank << " got: " << msg << "\n";
     EXPECT_LT(Clock::now() - start, 2s);
     EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+  }
+  expect_refuses_at_once(b);
+}
+
+// The rank that hosts the group's TCPStore dies mid-collective: the survivors must still
+// fail at once (Note [Best-effort store calls]), not after the store client's reconnect
+// timeout (60 s here).
+TDIST_SCENARIO(gloo_store_host_killed) {
+  const int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
+  auto store = std::make_shared<TCPStore>("127.0.0.1", TCPStoreOptions()
+                                                           .port(env_int("MASTER_PORT", -1))
+                                                           .is_server(rank == 0)
+                                                           .num_workers(world)
+                                                           .timeout(60s));
+  GlooBackend b(store, rank, world, 20s);
+  at::Tensor t = torch::ones({1000});
+  b.all_reduce(t, {})->wait();
+  at::Tensor big = torch::ones({4 << 20});
+  if (rank == 0) {
+    auto work = b.all_reduce(big, {});
+    std::this_thread::sleep_for(5ms);
+    ::raise(SIGKILL);
+  }
+  auto start = Clock::now();
+  try {
+    b.all_reduce(big, {})->wait();
+    ADD_FAILURE() << "all_reduce survived a dead peer";
+  } catch (const NetworkError& e) {
+    const std::string msg = e.what();
+    std::cerr << "rank " << rank << " got: " << msg << "\n";
+    EXPECT_LT(Clock::now() - start, 15s);
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
   }
   expect_refuses_at_once(b);
 }
@@ -138,6 +171,13 @@ TEST(GlooFault, SigkilledPeerInASymmetricAllReduceRaisesNetworkError) {
     options.env["VICTIM"] = "1";
     options.env["SYMMETRIC"] = "1";
     expect_survivors_ok(run_ranks_as_processes("gloo_sigkill_mid_all_reduce", world, options), 1);
+  }
+}
+
+TEST(GlooFault, TheStoreHostDyingFailsTheSurvivorsPromptly) {
+  for (int world : {2, 3}) {
+    expect_survivors_ok(run_ranks_as_processes("gloo_store_host_killed", world, fault_options()),
+                        0);
   }
 }
 

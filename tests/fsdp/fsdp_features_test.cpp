@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
@@ -438,6 +439,97 @@ TDIST_SCENARIO(fsdp_join) {
   });
   EXPECT_LE(max_param_diff(model, ref), kTol) << "rank " << rank;
   destroy_process_group();
+}
+
+// ---- a step abandoned with a placed all-gather in flight ----------------------------------
+
+// A block whose forward a test can make throw or stall on one rank.
+struct ActingBlockImpl : torch::nn::Module {
+  explicit ActingBlockImpl(int64_t width)
+      : linear(register_module("linear", torch::nn::Linear(width, width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (action) action();
+    return torch::relu(linear(x));
+  }
+  torch::nn::Linear linear;
+  std::function<void()> action;
+};
+TORCH_MODULE(ActingBlock);
+
+struct TwoBlocksImpl : torch::nn::Module {
+  explicit TwoBlocksImpl(int64_t width)
+      : a(register_module("a", ActingBlock(width))), b(register_module("b", ActingBlock(width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return tdist::fsdp::forward(b, tdist::fsdp::forward(a, x));
+  }
+  ActingBlock a, b;
+};
+TORCH_MODULE(TwoBlocks);
+
+constexpr int64_t kActingWidth = 37;  // shards of uneven size at world 2
+
+// Note [Abandoned placed all-gather] (src/fsdp/param_group.cpp): rank 0's block a throws
+// after prefetching block b, whose all-gather (placed, straight into b's unsharded block)
+// cannot finish until rank 1 gets there, 8 s later. Rank 0 destroys the model meanwhile: b's
+// group waits, then leaks its block with a warning, and when the collective does run, it
+// writes into the leaked block using only what it shares. Rank 0 must survive that (its heap
+// reused first), and rank 1 must compute block b with the parameters rank 0 contributed.
+TDIST_SCENARIO(fsdp_abandoned_step) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int rank = get_rank();
+  torch::manual_seed(7);
+  TwoBlocks ref(kActingWidth);
+  torch::manual_seed(7);
+  auto x = torch::randn({3, kActingWidth});
+  {
+    torch::manual_seed(7);
+    TwoBlocks model(kActingWidth);
+    FSDPModule a = fully_shard(model->a, FullyShardOptions());
+    FSDPModule b = fully_shard(model->b, FullyShardOptions());
+    fully_shard(model, FullyShardOptions());
+    if (rank == 0) {
+      a.set_modules_to_forward_prefetch({b});
+      model->a->action = [] { throw std::runtime_error("user code failed in block a"); };
+      try {
+        tdist::fsdp::forward(model, x);
+        ADD_FAILURE() << "block a's exception did not reach the caller";
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("user code failed in block a"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(b.stats().prefetches, 1) << "b's all-gather was issued by a's pre-forward";
+      EXPECT_FALSE(b.is_unsharded()) << "and is still in flight";
+    } else {
+      model->a->action = [] { std::this_thread::sleep_for(std::chrono::seconds(8)); };
+      auto out = tdist::fsdp::forward(model, x);
+      torch::NoGradGuard no_grad;
+      auto want = torch::relu(ref->b->linear(torch::relu(ref->a->linear(x))));
+      EXPECT_TRUE(torch::allclose(out, want, 1e-5, 1e-6))
+          << "max diff " << (out - want).abs().max().item<double>();
+    }
+  }
+  // FSDP drops the states of destroyed modules when the next module is sharded; one without
+  // parameters needs no collective for it, so on rank 0 b's group goes while rank 1 sleeps.
+  torch::nn::ReLU next;
+  fully_shard(next, FullyShardOptions());
+  if (rank == 0) {
+    std::vector<std::vector<int64_t>> junk;  // the heap b's group freed, reused
+    for (int i = 0; i < 4096; ++i) junk.emplace_back(1 + i % 8, int64_t(1) << 40);
+  }
+  barrier();  // queued behind b's all-gather on rank 0: it has run when this returns
+  destroy_process_group();
+}
+
+TEST(FSDPAbandonedStep, APendingPlacedAllGatherOutlivesItsGroupSafely) {
+  tdist::testing::ProcessOptions options;
+  options.timeout = std::chrono::seconds(120);
+  auto results = tdist::testing::run_ranks_as_processes("fsdp_abandoned_step", 2, options);
+  tdist::testing::expect_all_ok(results);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_NE(results[0].output.find("tdist FSDP warning: module 'b' was destroyed while its "
+                                   "all-gather was still in flight"),
+            std::string::npos)
+      << results[0].output;
 }
 
 // ---- drivers ------------------------------------------------------------------------------

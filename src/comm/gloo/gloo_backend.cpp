@@ -4,7 +4,12 @@
 #include "tdist/comm/gloo_backend.h"
 
 #include <cstdlib>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "comm/gloo/gloo_comm.h"
 #include "comm/gloo/work_queue.h"
@@ -58,6 +63,29 @@ std::string message_of(std::exception_ptr error) {
   } catch (...) {
     return "unknown error";
   }
+}
+
+// Note [Best-effort store calls]: recording and reading the group's first failure must not
+// hold up the failure they describe. When the rank that hosted the store is the one that
+// died, a TCPStore client retries its connection for the store's whole timeout (minutes):
+// so the call runs on a thread of its own, and the failure path waits for it at most
+// kStoreCallBudget, then goes on without it (the thread ends with its own timeout).
+constexpr auto kStoreCallBudget = std::chrono::seconds(2);
+
+template <typename T>
+std::optional<T> best_effort(std::function<T()> call) {
+  auto result = std::make_shared<std::promise<std::optional<T>>>();
+  std::future<std::optional<T>> answer = result->get_future();
+  std::thread([call = std::move(call), result] {
+    std::optional<T> value;
+    try {
+      value = call();
+    } catch (...) {
+    }
+    result->set_value(std::move(value));
+  }).detach();
+  if (answer.wait_for(kStoreCallBudget) != std::future_status::ready) return std::nullopt;
+  return answer.get();
 }
 
 }  // namespace
@@ -125,11 +153,11 @@ void GlooBackend::fail(const std::string& reason) {
   mark_broken(reason);
   // Record the first failure in the group so that ranks that only see the cascade (a closed
   // connection to a live rank) can name the original cause. Best effort: the store may be
-  // gone with the peer that hosted it.
-  try {
-    store_->compare_set(kFailureKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
-  } catch (...) {
-  }
+  // gone with the peer that hosted it (Note [Best-effort store calls]).
+  best_effort<bool>([store = store_, reason] {
+    store->compare_set(kFailureKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
+    return true;
+  });
   std::shared_ptr<detail::GlooComm> comm;
   {
     std::lock_guard<std::mutex> lock(connect_mutex_);
@@ -148,11 +176,10 @@ WorkPtr GlooBackend::enqueue(Lane lane, const std::string& op, std::vector<at::T
       body();
     } catch (const NetworkError&) {
       // Name the first failure in the group when this rank only saw its cascade.
-      std::string first;
-      try {
-        if (store_->check({kFailureKey})) first = store_->get_string(kFailureKey);
-      } catch (...) {
-      }
+      const std::string first =
+          best_effort<std::string>([store = store_] {
+            return store->check({kFailureKey}) ? store->get_string(kFailureKey) : std::string();
+          }).value_or("");
       auto error = std::current_exception();
       if (!first.empty() && message_of(error).find(first) == std::string::npos) {
         std::rethrow_exception(with_context(error, "; first failure in the group: " + first));
