@@ -29,7 +29,11 @@ using Clock = Executor::Clock;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kReducedOffset = 128;
 constexpr size_t kAnnouncementOffset = 256;
-constexpr int64_t kDefaultPieceBytes = int64_t(1) << 20;
+// Note [Piece size]: 256 KiB. Measured on the 2-vCPU VM (bench/RESULTS.md, session 11):
+// a 1 MiB plain all_reduce at world 2 takes 213-226 us in four pieces vs 246-260 us in one
+// (the ranks' copy-in, fold and copy-out of consecutive pieces overlap, and a piece stays
+// in L2), 2 MiB 458-479 vs 505-546 us; single-piece and large ops and world 3 unchanged.
+constexpr int64_t kDefaultPieceBytes = int64_t(256) << 10;
 // How long one poll spins on a flag before handing the executor back (Note [Shared-memory
 // collectives]).
 constexpr auto kSpin = std::chrono::microseconds(2);

@@ -10,7 +10,7 @@
 // when the backend is built, a collective step, then unlinked so nothing outlives the
 // processes; destruction only unmaps, so it never waits for a peer). A segment holds a
 // header (two sequence-number flags, each on its own cache lines) and two halves of
-// kPieceBytes (TDIST_MPI_SHM_PIECE_BYTES, default 1 MiB) each. Ops larger than a half run
+// kPieceBytes (TDIST_MPI_SHM_PIECE_BYTES, default 256 KiB) each. Ops larger than a half run
 // as consecutive pieces, so the segments never grow (growing would be a collective step
 // inside an op); every piece takes the next sequence number of the communicator and uses
 // half (seq % 2).
@@ -86,7 +86,7 @@
 //   TDIST_MPI_SHM_MIN_BYTES=<n>     smallest op (bytes of the larger of input/output) on it
 //                                   (default 0);
 //   TDIST_MPI_SHM_MAX_BYTES=<n>     largest op on it (default -1: no limit);
-//   TDIST_MPI_SHM_PIECE_BYTES=<n>   bytes per rank per half (default 1 MiB);
+//   TDIST_MPI_SHM_PIECE_BYTES=<n>   bytes per rank per half (default 256 KiB);
 //   TDIST_MPI_SHM_INLINE=0          every op through the executor thread (Note [Inline start]);
 //   TDIST_MPI_SHM_CMA=0             plain tensors always staged (Note [Plain tensors read
 //                                   across processes]);

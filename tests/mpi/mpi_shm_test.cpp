@@ -102,7 +102,7 @@ std::string describe(at::ScalarType dtype, ReduceOp op, int64_t n) {
 }
 
 // Sizes: 1 element, odd sizes not divisible by 2, 3 or 4, and some larger than a 4 KiB piece
-// or (for the biggest) a default 1 MiB piece.
+// or (for the biggest) a default 256 KiB piece.
 const std::vector<int64_t> kSizes = {1, 7, 1001, 4099, 300007};
 
 TEST(MPIShm, AllReduceEveryDtypeOpAndSize) {
