@@ -34,6 +34,28 @@ void expect_refuses_at_once(GlooBackend& b) {
   EXPECT_TRUE(b.is_broken());
 }
 
+// Rank `victim` SIGKILLs itself while its all_reduce of `big` is in flight; every other rank
+// must raise NetworkError naming it within `within`, and the group then refuses at once.
+void victim_dies_mid_all_reduce(GlooBackend& b, int rank, int victim, at::Tensor big,
+                                std::chrono::seconds within) {
+  if (rank == victim) {
+    auto work = b.all_reduce(big, {});
+    std::this_thread::sleep_for(5ms);
+    ::raise(SIGKILL);
+  }
+  auto start = Clock::now();
+  try {
+    b.all_reduce(big, {})->wait();
+    ADD_FAILURE() << "all_reduce survived a dead peer";
+  } catch (const NetworkError& e) {
+    const std::string msg = e.what();
+    std::cerr << "rank " << rank << " got: " << msg << "\n";
+    EXPECT_LT(Clock::now() - start, within);
+    EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+  }
+  expect_refuses_at_once(b);
+}
+
 TDIST_SCENARIO(gloo_sigkill_mid_all_reduce) {
   const int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
   const int victim = env_int("VICTIM", 1);
@@ -48,23 +70,7 @@ TDIST_SCENARIO(gloo_sigkill_mid_all_reduce) {
   const bool symmetric = env_int("SYMMETRIC", 0) == 1;
   at::Tensor big =
       symmetric ? tdist::symmetric_memory::empty({16 << 20}).fill_(1) : torch::ones({4 << 20});
-  if (rank == victim) {
-    // Die while the collective is in flight.
-    auto work = b.all_reduce(big, {});
-    std::this_thread::sleep_for(5ms);
-    ::raise(SIGKILL);
-  }
-  auto start = Clock::now();
-  try {
-    b.all_reduce(big, {})->wait();
-    ADD_FAILURE() << "all_reduce survived a dead peer";
-  } catch (const NetworkError& e) {
-    const std::string msg = e.what();
-    std::cerr << "rank " << rank << " got: " << msg << "\n";
-    EXPECT_LT(Clock::now() - start, 2s);
-    EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
-  }
-  expect_refuses_at_once(b);
+  victim_dies_mid_all_reduce(b, rank, victim, big, 2s);
 }
 
 // The rank that hosts the group's TCPStore dies mid-collective: the survivors must still
@@ -80,23 +86,7 @@ TDIST_SCENARIO(gloo_store_host_killed) {
   GlooBackend b(store, rank, world, 20s);
   at::Tensor t = torch::ones({1000});
   b.all_reduce(t, {})->wait();
-  at::Tensor big = torch::ones({4 << 20});
-  if (rank == 0) {
-    auto work = b.all_reduce(big, {});
-    std::this_thread::sleep_for(5ms);
-    ::raise(SIGKILL);
-  }
-  auto start = Clock::now();
-  try {
-    b.all_reduce(big, {})->wait();
-    ADD_FAILURE() << "all_reduce survived a dead peer";
-  } catch (const NetworkError& e) {
-    const std::string msg = e.what();
-    std::cerr << "rank " << rank << " got: " << msg << "\n";
-    EXPECT_LT(Clock::now() - start, 15s);
-    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
-  }
-  expect_refuses_at_once(b);
+  victim_dies_mid_all_reduce(b, rank, /*victim=*/0, torch::ones({4 << 20}), 15s);
 }
 
 TDIST_SCENARIO(gloo_sigstop_times_out) {
