@@ -54,6 +54,12 @@ namespace tdist::fsdp::detail {
 
 namespace {
 
+std::vector<ShardedParam*> raw_pointers(const std::vector<std::unique_ptr<ShardedParam>>& params) {
+  std::vector<ShardedParam*> raw;
+  for (const auto& p : params) raw.push_back(p.get());
+  return raw;
+}
+
 // A plain contiguous tensor of `sizes` over `base`'s storage, `offset` elements in
 // (util::alias_storage: optimizers may detach_() it).
 at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& sizes) {
@@ -103,11 +109,11 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
                        ProcessGroupPtr group, GroupConfig config)
     : label_(std::move(label)),
       params_(std::move(params)),
+      raw_(raw_pointers(params_)),
+      layout_(std::make_shared<const FlatLayout>(FlatLayout::of(raw_))),
+      flat_(*layout_),
       group_(std::move(group)),
       config_(std::move(config)) {
-  for (auto& p : params_) raw_.push_back(p.get());
-  flat_ = FlatLayout::of(raw_);
-  placed_layout_ = std::make_shared<const FlatLayout>(flat_);
   set_label(label_);
   init_persistent_buffers();
 }
@@ -226,9 +232,9 @@ void ParamGroup::unshard(bool async_op) {
         unsharded_block_ = buffer_pool().acquire(unsharded_block_bytes(), flat_shard_.device(),
                                                  config_.symmetric_buffers);
       }
-      all_gather_.work = issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
-                                                 all_gather_.input, placed_layout_, group_,
-                                                 all_gather_label_, stats_);
+      all_gather_.work =
+          issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
+                                  all_gather_.input, layout_, group_, all_gather_label_, stats_);
     } else {
       {
         CopyTimer copy(stats_);

@@ -119,8 +119,10 @@ class ParamGroup {
   std::string label_;
   std::vector<std::unique_ptr<ShardedParam>> params_;
   std::vector<ShardedParam*> raw_;
-  FlatLayout flat_;
-  std::shared_ptr<const FlatLayout> placed_layout_;  // flat_, shared with placed all-gathers
+  // The layout, shared with placed all-gathers (Note [Abandoned placed all-gather]); flat_
+  // reads it.
+  std::shared_ptr<const FlatLayout> layout_;
+  const FlatLayout& flat_;
   ProcessGroupPtr group_;
   GroupConfig config_;
   CommContext* comm_ = nullptr;

@@ -249,10 +249,7 @@ class ShmOp {
     domain_ = kind_ == Kind::kReduceScatter ? out_.numel() : in_.numel();
     const int64_t per_piece = kind_ == Kind::kReduceScatter ? n * es_ : es_;
     piece_elems_ = std::max<int64_t>(1, w_.piece_bytes() / per_piece);
-    if (domain_ == 0) {
-      place_every_block();
-      return;
-    }
+    if (domain_ == 0) return;  // (placed: every empty block at the end of poll)
     // Peers read my input (all_gather: where they can; it is usually not freshly written,
     // and moving lines another core just wrote is what costs most between cores). Else, for
     // all_gather, my block of the output when only it is symmetric, filled before I announce
@@ -471,24 +468,11 @@ class ShmOp {
   }
 
   // Rank k's whole block (one step) to the placer: from its mapping, or read from its process.
-  void place_from(int k) {
-    const int64_t* slot = w_.announcement(k, seq_);
-    if (slot[1] != 0) {
-      place_(k, mapped(k, slot));
-      return;
-    }
-    std::vector<char>& block = w_.fold_scratch(1);
-    const auto bytes = static_cast<size_t>(domain_ * es_);
-    if (block.size() < bytes) block.resize(bytes);
-    copy_from(k, 0, block.data(), domain_ * es_);
-    place_(k, block.data());
-  }
+  void place_from(int k) { place_(k, bytes_of(k, 0, domain_ * es_, w_.fold_scratch(1))); }
 
-  // Every rank's block to the placer (once): rank-major from `out_` (staged), or my own
-  // input for every rank when the blocks are empty.
+  // Every rank's block to the placer, once the op is complete: rank-major from `out_`
+  // (staged), or my own input for every rank when the blocks are empty.
   void place_every_block() {
-    if (!place_ || placed_every_block_) return;
-    placed_every_block_ = true;
     for (int c = 0; c < w_.size(); ++c) place_(c, domain_ == 0 ? in_at(0) : out_at(c * domain_));
   }
 
@@ -635,7 +619,6 @@ class ShmOp {
   bool announce_output_ = false;  // symmetric all_gather: peers read my output block, not my input
   uint64_t done_seq_ = 0;         // symmetric all_reduce: its last phase's number
   BlockPlacer place_;             // all_gather_placed: where each rank's block goes (else out_)
-  bool placed_every_block_ = false;
 };
 
 StartedOp started(std::shared_ptr<ShmOp> op, std::function<void()> finally) {
