@@ -286,6 +286,7 @@ int child(const Config& cfg, int rank, const std::string& dir) {
                 "bytes", "tdist_us", "algbw", "busbw", "#wrong", "symm_us", "busbw", "#wrong",
                 "c10d_us", "algbw", "busbw", "#wrong", "busbw_x", "symm_x");
   }
+  int64_t wrong = 0;
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       Result a = measure(mine, *mine.b, op, bytes, rank, n);
@@ -293,6 +294,7 @@ int child(const Config& cfg, int rank, const std::string& dir) {
       if (symm.symmetric) y = measure(symm, *mine.b, op, bytes, rank, n);
       Result b;
       if (cfg.c10d) b = measure(theirs, *mine.b, op, bytes, rank, n);
+      wrong += a.wrong + y.wrong + b.wrong;  // already summed over ranks
       if (rank != 0) continue;
       const double f = bus_factor(op, n);
       auto alg = [&](const Result& r) { return bytes / (r.time_us * 1e3); };  // GB/s
@@ -318,7 +320,7 @@ int child(const Config& cfg, int rank, const std::string& dir) {
     }
   }
   mine.b->barrier({})->wait();
-  return 0;
+  return wrong == 0 ? 0 : 1;
 }
 
 // Every rank copies `bytes` at once, like the ranks of a collective share the memory bus;
@@ -374,6 +376,7 @@ int child_mpi(const Config& cfg, const std::string& dir) {
                 "op", "bytes", "mpi_us", "algbw", "busbw", "#wrong", "msym_us", "busbw", "#wrong",
                 "gloo_us", "busbw", "#wrong", "memcpy", "mpi/mcpy", "mpi/gloo", "msym/mcpy");
   }
+  int64_t wrong = 0;
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       // Note [Interleaved rounds]: the MPI op, the Gloo op and memcpy take turns round by
@@ -397,6 +400,7 @@ int child_mpi(const Config& cfg, const std::string& dir) {
       Result m = mm.finish(*gloo.b, rank, n), g = gm.finish(*gloo.b, rank, n);
       Result y = sm ? sm->finish(*gloo.b, rank, n) : Result();
       const double mem = cm.gbs();
+      wrong += m.wrong + g.wrong + y.wrong;  // already summed over ranks
       if (rank != 0) continue;
       const double f = bus_factor(op, n);
       auto bus = [&](const Result& r) { return bytes / (r.time_us * 1e3) * f; };
@@ -419,7 +423,7 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   }
   gloo.b->barrier({})->wait();
   mpi.b->barrier({})->wait();
-  return 0;
+  return wrong == 0 ? 0 : 1;
 }
 #endif
 

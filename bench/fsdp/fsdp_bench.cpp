@@ -285,7 +285,7 @@ std::vector<Result> run_ranks(const std::string& self, const std::string& mode, 
       setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
       setenv("BENCH_ROLE", "rank", 1);
       setenv("BENCH_MODE", mode.c_str(), 1);
-      setenv("BENCH_RESULT", files.back().c_str(), 1);
+      setenv("BENCH_RESULT", files[rank].c_str(), 1);
       execl(self.c_str(), self.c_str(), static_cast<char*>(nullptr));
       std::perror("execl");
       _exit(127);
