@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "comm/reduce_kernels.h"
 #include "direct_collectives.h"
 #include "tdist/error.h"
 
@@ -41,34 +42,6 @@ constexpr auto kSpin = std::chrono::microseconds(2);
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoll(v) : fallback;
-}
-
-// Note [Folding without ATen]: a piece's fold is one elementwise op over at most 256 KiB,
-// where ATen's per-call cost (two from_blob views, the dispatcher, TensorIterator) is a
-// sizeable part of the op at 1 MiB. fp32 sums, what gradients take, run as a plain loop over
-// 64-byte vectors instead (compiled for AVX-512, AVX2 and the baseline, picked at load time);
-// every other dtype and op keeps ATen's kernels. Each element is still a[i] + b[i], so the
-// result is bitwise the same. Six interleaved pairs at world 2 (bench/RESULTS.md, session
-// 12): all_reduce 1 MiB 154-181 us vs 156-207 us, reduce_scatter 1 MiB 60-95 vs 69-130 us.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void fold_float_sum(char* out, const char* a, const char* b, int64_t count) {
-  // GCC/Clang vector extension: vector adds on any target; unaligned access through memcpy.
-  typedef float Lanes __attribute__((vector_size(64)));
-  constexpr int64_t kLanes = sizeof(Lanes) / sizeof(float);
-  float* o = reinterpret_cast<float*>(out);
-  const float* x = reinterpret_cast<const float*>(a);
-  const float* y = reinterpret_cast<const float*>(b);
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    Lanes u, v;
-    std::memcpy(&u, x + i, sizeof(Lanes));
-    std::memcpy(&v, y + i, sizeof(Lanes));
-    u += v;
-    std::memcpy(o + i, &u, sizeof(Lanes));
-  }
-  for (; i < count; ++i) o[i] = x[i] + y[i];
 }
 
 // TDIST_MPI_SHM and TDIST_MPI_SHM_CMA: on unless set to "0".
@@ -271,6 +244,7 @@ class ShmOp {
         in_(std::move(in)),
         out_(std::move(out)),
         op_(op),
+        raw_fold_(::tdist::detail::raw_reduce_fn(op, in_.scalar_type())),
         es_(in_.element_size()),
         place_(std::move(place)) {
     const int n = w_.size();
@@ -594,11 +568,12 @@ class ShmOp {
     fold_bytes(acc, k == 1 ? first_ : acc, contribution, count);
   }
 
-  // out = a (op) b over `count` elements (Note [Folding without ATen]).
+  // out = a (op) b over `count` elements: the comm layer's plain loops where there is one
+  // (Note [Raw reduce kernels]), else ATen.
   void fold_bytes(char* out, const char* a, const char* b, int64_t count) const {
     if (count == 0) return;
-    if (in_.scalar_type() == at::kFloat && (op_ == ReduceOp::SUM || op_ == ReduceOp::AVG)) {
-      fold_float_sum(out, a, b, count);
+    if (raw_fold_ != nullptr) {
+      raw_fold_(out, a, b, static_cast<size_t>(count));
       return;
     }
     at::Tensor o = view(out, count);
@@ -637,6 +612,7 @@ class ShmOp {
   Kind kind_;
   at::Tensor in_, out_;
   ReduceOp op_;
+  ::tdist::detail::RawReduceFn raw_fold_;  // null: ATen folds (Note [Raw reduce kernels])
   int64_t es_;
   int64_t domain_ = 0;
   int64_t piece_elems_ = 1;

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/gloo/reduce_kernels.h"
+#include "comm/reduce_kernels.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {
