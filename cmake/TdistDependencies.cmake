@@ -1,5 +1,34 @@
-# Every dependency comes from Debian's packages (see tools/setup.sh).
+# LibTorch: PyTorch's own build from PyPI, installed by tools/setup.sh into .venv/ (pinned in
+# tools/torch-version.txt), or any other LibTorch 2.x through -DCMAKE_PREFIX_PATH.
+set(TDIST_TORCH_FLOOR 2.4)
+if(NOT Torch_DIR AND EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+  execute_process(
+    COMMAND ${PROJECT_SOURCE_DIR}/.venv/bin/python -c
+            "import torch.utils; print(torch.utils.cmake_prefix_path, end='')"
+    OUTPUT_VARIABLE _venv_torch_prefix RESULT_VARIABLE _venv_rc ERROR_QUIET)
+  if(_venv_rc EQUAL 0)
+    list(APPEND CMAKE_PREFIX_PATH ${_venv_torch_prefix})
+  endif()
+endif()
 find_package(Torch REQUIRED)
+set(TDIST_TORCH_VERSION ${Torch_VERSION})  # from TorchConfigVersion.cmake
+if(TDIST_TORCH_VERSION VERSION_LESS TDIST_TORCH_FLOOR)
+  message(FATAL_ERROR "tdist needs LibTorch ${TDIST_TORCH_FLOOR} or newer; found "
+    "${TDIST_TORCH_VERSION} at ${Torch_DIR}. Run tools/setup.sh (it installs the pinned "
+    "PyTorch into .venv/) or pass -DCMAKE_PREFIX_PATH=<a LibTorch ${TDIST_TORCH_FLOOR}+>.")
+endif()
+message(STATUS "tdist: LibTorch ${TDIST_TORCH_VERSION} (${Torch_DIR})")
+
+# The Python that runs the interchange tests and the PyTorch side of the benchmarks: the
+# project's .venv/ (the same PyTorch release as the LibTorch), else python3.
+if(NOT TDIST_PYTHON)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+    set(TDIST_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+  else()
+    find_program(TDIST_PYTHON python3)
+  endif()
+endif()
+
 find_package(Gloo REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenSSL REQUIRED)
@@ -14,11 +43,19 @@ if(TDIST_WITH_MPI)
   endif()
 endif()
 
-# LibTorch's CMake config hands out flags as a string; turn them into a target.
+# LibTorch's CMake config hands out flags as a string; turn them into a target. Its headers
+# are SYSTEM so that tdist's warnings are about tdist's code.
 if(NOT TARGET tdist_torch)
   add_library(tdist_torch INTERFACE)
-  target_link_libraries(tdist_torch INTERFACE ${TORCH_LIBRARIES})
-  target_include_directories(tdist_torch INTERFACE ${TORCH_INCLUDE_DIRS})
   separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
-  target_compile_options(tdist_torch INTERFACE ${_torch_flags})
+  # Build tree only: an installed tdist gets these from its own find_package(Torch) (see
+  # tdistConfig.cmake.in), so it never bakes in the path of the LibTorch it was built with.
+  # Note [libstdc++ before LibTorch]: PyTorch's wheel exports its own copy of parts of
+  # libstdc++ from libtorch.so (std::filesystem among them, built against another toolchain's
+  # internals), and whatever comes first in the link line serves every program-wide lookup:
+  # std::filesystem::remove_all from that copy jumps to address 0. Naming libstdc++ first
+  # puts it ahead of LibTorch in the dynamic linker's search order.
+  target_link_libraries(tdist_torch INTERFACE $<BUILD_INTERFACE:stdc++ ${TORCH_LIBRARIES}>)
+  target_include_directories(tdist_torch SYSTEM INTERFACE $<BUILD_INTERFACE:${TORCH_INCLUDE_DIRS}>)
+  target_compile_options(tdist_torch INTERFACE $<BUILD_INTERFACE:${_torch_flags}>)
 endif()

@@ -11,13 +11,16 @@ function(tdist_use_pch target)
   endif()
 endfunction()
 
-# tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>])
-# Builds src/<area>/*.cpp into the static library tdist_<area>. Areas without sources
+# tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>])
+# Builds src/<area>/*.cpp (but those matching EXCLUDE) into the static library tdist_<area>. Areas without sources
 # are skipped, so work in progress elsewhere never blocks a build. NO_TORCH: the area's own
 # sources never include LibTorch (no precompiled header, no direct tdist_torch link).
 function(tdist_add_area)
-  cmake_parse_arguments(ARG "NO_TORCH" "NAME" "DEPS;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_TORCH" "NAME;EXCLUDE" "DEPS;LIBS" ${ARGN})
   file(GLOB_RECURSE _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${ARG_NAME}/*.cpp)
+  if(ARG_EXCLUDE)
+    list(FILTER _sources EXCLUDE REGEX "${ARG_EXCLUDE}")
+  endif()
   if(NOT _sources)
     return()
   endif()

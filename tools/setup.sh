@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine for tdist: installs every package from Debian's
-# archive, then configures and builds the project (Release-with-debug-info, Ninja, ccache).
-# Usage: tools/setup.sh [build-dir]        (default: build)
+# Sets up a fresh Debian 12 machine for tdist: installs the Debian packages, installs the
+# pinned PyTorch (tools/torch-version.txt) from PyPI into .venv/ (its LibTorch is what tdist
+# builds on; its Python runs the side-by-side benchmarks and interchange tests), then
+# configures and builds the project (Release-with-debug-info, Ninja, ccache).
+# Re-running it downloads nothing and rebuilds only what changed.
+# Usage: tools/setup.sh [build-dir] [targets...]   (default: build, every target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
+shift || true
+TORCH_PIN=$(tr -d '[:space:]' < tools/torch-version.txt)
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev            # LibTorch 1.13 (CPU): tensors, autograd, nn, optim
-  libopenblas0-openmp     # LibTorch's BLAS is "generic": without OpenBLAS matmuls are ~12x slower
-  libgloo-dev             # the Gloo collective engine we drive directly
+  python3 python3-venv    # the project-local .venv/ with PyTorch from PyPI
+  libgloo-dev             # Debian's Gloo, which tdist's Gloo transport module is built on (docs/gloo.md)
   libopenmpi-dev openmpi-bin  # the MPI backend
   libssl-dev              # HMAC-SHA256 store authentication, checkpoint checksums
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev googletest
-  python3-torch           # side-by-side benchmarks and checkpoint interchange tests
   clang                   # the store's libFuzzer target
-  iproute2                # network-namespace tests of the multi-node launcher
+  iproute2 util-linux     # network- and UTS-namespace tests (ip netns, unshare)
 )
 
 missing=()
@@ -31,10 +34,21 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# PyTorch from PyPI into .venv/ (once; ~5 GB with its CUDA libraries, which it loads even on
+# machines without a GPU).
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" \
+    2>/dev/null; then
+  echo "== installing PyTorch $TORCH_PIN into .venv/"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$TORCH_PIN" numpy
+fi
+
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_BASEDIR="$PWD"
-echo "== configuring $BUILD_DIR"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
-echo "== building (this takes a while on 2 cores: LibTorch headers are heavy)"
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  echo "== configuring $BUILD_DIR"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+echo "== building ${*:-everything} (a while on 2 cores the first time: LibTorch headers are heavy)"
 # Two compile jobs at most: each LibTorch translation unit needs ~1.5 GB of memory.
-cmake --build "$BUILD_DIR" -j "$(( $(nproc) < 2 ? 1 : 2 ))"
+cmake --build "$BUILD_DIR" -j "$(( $(nproc) < 2 ? 1 : 2 ))" ${*:+--target "$@"}

@@ -1,6 +1,10 @@
-// nccl-tests-style table for tdist's Gloo engine and, beside it, LibTorch's c10d
+// nccl-tests-style table for tdist's Gloo engine and, beside it, PyTorch's c10d
 // ProcessGroupGloo: op, bytes, time, algbw, busbw and #wrong (each size is verified after it
-// is timed). The parent process spawns `--world` copies of itself on loopback.
+// is timed). The parent process spawns `--world` copies of itself on loopback, then `--world`
+// Python ranks of the same PyTorch release (c10d_collectives.py: same sizes, iterations,
+// rounds and checks), and prints both side by side. c10d is driven from Python because its
+// C++ header needs the Gloo headers of LibTorch's own Gloo, which no package ships
+// (docs/gloo.md, "One Gloo per symbol scope").
 //
 //   bench_collectives [--world 2] [--min-bytes 1024] [--max-bytes 268435456] [--step 4]
 //                     [--ops all_reduce,all_gather_into_tensor,...] [--no-c10d] [--no-symm]
@@ -23,11 +27,9 @@
 // (Note [Plain tensors read across processes], src/mpi/shm_collectives.h; TDIST_MPI_SHM_CMA=0
 // stages them all). Placement: mpirun's (Note [MPI binding]), or --mpi-bind.
 
-// LibTorch is built with Gloo; its header hides the class unless this is defined.
-#define USE_C10D_GLOO 1
+#include <sys/types.h>
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/version.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -118,29 +121,6 @@ struct TdistImpl : Impl {
       b->broadcast(in, {})->wait();
     } else {
       b->all_to_all_single(out, in, {}, {}, {})->wait();
-    }
-  }
-};
-
-struct C10dImpl : Impl {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  int n = 1;
-  std::string name() const override { return "c10d"; }
-  // c10d's Gloo has no reduce_scatter; _allgather_base throws, so the list all_gather
-  // (what users fall back to) stands in for all_gather_into_tensor.
-  bool has(const std::string& op) const override { return op != "reduce_scatter_tensor"; }
-  void run(const std::string& op, at::Tensor& in, at::Tensor& out) override {
-    std::vector<at::Tensor> ins = {in};
-    if (op == "all_reduce") {
-      pg->allreduce(ins)->wait();
-    } else if (op == "all_gather_into_tensor") {
-      std::vector<std::vector<at::Tensor>> outs(1, std::vector<at::Tensor>(out.chunk(n)));
-      pg->allgather(outs, ins)->wait();
-    } else if (op == "broadcast") {
-      pg->broadcast(ins)->wait();
-    } else {
-      std::vector<int64_t> none;
-      pg->alltoall_base(out, in, none, none)->wait();
     }
   }
 };
@@ -269,54 +249,23 @@ int child(const Config& cfg, int rank, const std::string& dir) {
   TdistImpl symm;
   symm.b = mine.b;
   symm.symmetric = cfg.symmetric && options.shared_memory();
-  C10dImpl theirs;
-  theirs.n = n;
-  if (cfg.c10d) {
-    auto c10d_store = c10::make_intrusive<c10d::FileStore>(dir + "/c10d_store", n);
-    auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(300));
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    theirs.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10d_store, rank, n, opts);
-  }
-  if (rank == 0) {
-    std::printf(
-        "# world %d, float32, loopback; tdist channels %d, segment %zu KiB; times are the "
-        "max over ranks of the mean per iteration\n",
-        n, options.channels(), options.segment_bytes() >> 10);
-    std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %10s %8s %8s %6s | %7s %7s\n", "op",
-                "bytes", "tdist_us", "algbw", "busbw", "#wrong", "symm_us", "busbw", "#wrong",
-                "c10d_us", "algbw", "busbw", "#wrong", "busbw_x", "symm_x");
-  }
+  std::ofstream rows;
+  if (rank == 0) rows.open(dir + "/tdist.tsv");
   int64_t wrong = 0;
   for (const auto& op : cfg.ops) {
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       Result a = measure(mine, *mine.b, op, bytes, rank, n);
       Result y;
       if (symm.symmetric) y = measure(symm, *mine.b, op, bytes, rank, n);
-      Result b;
-      if (cfg.c10d) b = measure(theirs, *mine.b, op, bytes, rank, n);
-      wrong += a.wrong + y.wrong + b.wrong;  // already summed over ranks
+      wrong += a.wrong + y.wrong;  // already summed over ranks
       if (rank != 0) continue;
-      const double f = bus_factor(op, n);
-      auto alg = [&](const Result& r) { return bytes / (r.time_us * 1e3); };  // GB/s
-      std::printf("%-24s %12lld | %10.1f %8.3f %8.3f %6lld | ", op.c_str(), (long long)bytes,
-                  a.time_us, alg(a), alg(a) * f, (long long)a.wrong);
+      rows << op << '\t' << bytes << '\t' << a.time_us << '\t' << a.wrong << '\t';
       if (y.ran) {
-        std::printf("%10.1f %8.3f %6lld | ", y.time_us, alg(y) * f, (long long)y.wrong);
+        rows << y.time_us << '\t' << y.wrong << '\n';
       } else {
-        std::printf("%10s %8s %6s | ", "n/a", "", "");
+        rows << "n/a\tn/a\n";
       }
-      if (b.ran) {
-        std::printf("%10.1f %8.3f %8.3f %6lld | %7.2f ", b.time_us, alg(b), alg(b) * f,
-                    (long long)b.wrong, b.time_us / a.time_us);
-        if (y.ran) {
-          std::printf("%7.2f\n", b.time_us / y.time_us);
-        } else {
-          std::printf("%7s\n", "");
-        }
-      } else {
-        std::printf("%10s %8s %8s %6s | %7s %7s\n", "n/a", "", "", "", "", "");
-      }
-      std::fflush(stdout);
+      rows.flush();
     }
   }
   mine.b->barrier({})->wait();
@@ -435,6 +384,120 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
+// Forks `world` ranks (BENCH_RANK, BENCH_DIR set) that each run `exec`; 0 when all exit 0.
+int run_ranks(int world, const std::string& dir, const std::function<void()>& exec) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("BENCH_RANK", std::to_string(rank).c_str(), 1);
+      setenv("BENCH_DIR", dir.c_str(), 1);
+      exec();
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  return rc;
+}
+
+// One row of a results file: op, bytes, then (time_us, wrong) pairs; "n/a" where not run.
+struct Row {
+  std::string op;
+  int64_t bytes = 0;
+  std::vector<Result> results;
+};
+
+std::map<std::pair<std::string, int64_t>, Row> read_rows(const std::string& path) {
+  std::map<std::pair<std::string, int64_t>, Row> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::stringstream fields(line);
+    Row row;
+    std::string bytes, time, wrong;
+    std::getline(fields, row.op, '\t');
+    std::getline(fields, bytes, '\t');
+    row.bytes = std::stoll(bytes);
+    while (std::getline(fields, time, '\t') && std::getline(fields, wrong, '\t')) {
+      Result r;
+      r.ran = time != "n/a";
+      if (r.ran) {
+        r.time_us = std::stod(time);
+        r.wrong = std::stoll(wrong);
+      }
+      row.results.push_back(r);
+    }
+    rows[{row.op, row.bytes}] = row;
+  }
+  return rows;
+}
+
+// tdist (plain, symmetric) beside c10d, from the ranks' result files; 1 on a wrong element.
+int print_table(const Config& cfg, const std::string& dir) {
+  const auto mine = read_rows(dir + "/tdist.tsv");
+  const auto theirs = read_rows(dir + "/c10d.tsv");
+  const auto options = tdist::gloo_options_from_env();
+  std::printf(
+      "# world %d, float32, loopback; tdist channels %d, segment %zu KiB; c10d: PyTorch %s's "
+      "ProcessGroupGloo%s; times are the max over ranks of the mean per iteration, best of %d "
+      "rounds\n",
+      cfg.world, options.channels(), options.segment_bytes() >> 10, TORCH_VERSION,
+      theirs.empty() ? " (not run)" : "", cfg.rounds);
+  std::printf("%-24s %12s | %10s %8s %8s %6s | %10s %8s %6s | %10s %8s %8s %6s | %7s %7s\n", "op",
+              "bytes", "tdist_us", "algbw", "busbw", "#wrong", "symm_us", "busbw", "#wrong",
+              "c10d_us", "algbw", "busbw", "#wrong", "busbw_x", "symm_x");
+  int64_t wrong = 0;
+  for (const auto& op : cfg.ops) {
+    for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
+      auto it = mine.find({op, bytes});
+      if (it == mine.end() || it->second.results.size() < 2) {
+        std::printf("%-24s %12lld | missing\n", op.c_str(), (long long)bytes);
+        wrong += 1;
+        continue;
+      }
+      const Result a = it->second.results[0], y = it->second.results[1];
+      auto jt = theirs.find({op, bytes});
+      const Result b =
+          jt == theirs.end() || jt->second.results.empty() ? Result() : jt->second.results[0];
+      wrong += a.wrong + y.wrong + b.wrong;
+      const double f = bus_factor(op, cfg.world);
+      auto alg = [&](const Result& r) { return bytes / (r.time_us * 1e3); };  // GB/s
+      std::printf("%-24s %12lld | %10.1f %8.3f %8.3f %6lld | ", op.c_str(), (long long)bytes,
+                  a.time_us, alg(a), alg(a) * f, (long long)a.wrong);
+      if (y.ran) {
+        std::printf("%10.1f %8.3f %6lld | ", y.time_us, alg(y) * f, (long long)y.wrong);
+      } else {
+        std::printf("%10s %8s %6s | ", "n/a", "", "");
+      }
+      if (b.ran) {
+        std::printf("%10.1f %8.3f %8.3f %6lld | %7.2f ", b.time_us, alg(b), alg(b) * f,
+                    (long long)b.wrong, b.time_us / a.time_us);
+        if (y.ran) {
+          std::printf("%7.2f\n", b.time_us / y.time_us);
+        } else {
+          std::printf("%7s\n", "");
+        }
+      } else {
+        std::printf("%10s %8s %8s %6s | %7s %7s\n", "n/a", "", "", "", "", "");
+      }
+    }
+  }
+  std::fflush(stdout);
+  return wrong == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -511,24 +574,30 @@ int main(int argc, char** argv) {
     std::system(("rm -rf '" + dir + "'").c_str());
     return rc == 0 ? 0 : 1;
   }
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < cfg.world; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("BENCH_RANK", std::to_string(rank).c_str(), 1);
-      setenv("BENCH_DIR", dir.c_str(), 1);
-      execv("/proc/self/exe", argv);
-      std::perror("execv");
-      _exit(127);
+  int rc = run_ranks(cfg.world, dir, [&] {
+    execv("/proc/self/exe", argv);
+    std::perror("execv");
+  });
+  if (rc == 0 && cfg.c10d) {
+    const std::string python =
+        std::getenv("TDIST_PYTHON") ? std::getenv("TDIST_PYTHON") : TDIST_PYTHON;
+    std::vector<std::string> args = {
+        python,        TDIST_BENCH_C10D_PY,           "--world",     std::to_string(cfg.world),
+        "--min-bytes", std::to_string(cfg.min_bytes), "--max-bytes", std::to_string(cfg.max_bytes),
+        "--step",      std::to_string(cfg.step),      "--ops",       join(cfg.ops),
+        "--rounds",    std::to_string(cfg.rounds)};
+    if (run_ranks(cfg.world, dir, [&] {
+          std::vector<char*> cargs;
+          for (auto& a : args) cargs.push_back(a.data());
+          cargs.push_back(nullptr);
+          execv(python.c_str(), cargs.data());
+          std::perror(("execv " + python).c_str());
+        }) != 0) {
+      std::fprintf(stderr, "bench_collectives: the c10d side (%s) failed; its columns are n/a\n",
+                   TDIST_BENCH_C10D_PY);
     }
-    pids.push_back(pid);
   }
-  int rc = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
-  }
+  if (rc == 0) rc = print_table(cfg, dir);
   std::system(("rm -rf '" + dir + "'").c_str());
   return rc;
 }

@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
     for (auto* row : {&tdist_row, &torch_row}) {
       const auto results = row == &tdist_row
                                ? run_world2({self}, c, "tdist")
-                               : run_world2({"/usr/bin/python3", TDIST_BENCH_DDP_PY}, c, "torch");
+                               : run_world2({TDIST_PYTHON, TDIST_BENCH_DDP_PY}, c, "torch");
       double worst = 0;
       for (const auto& r : results) worst = std::max(worst, r.step_ms);
       // Verify: every rank must end with the same parameters.

@@ -24,6 +24,7 @@
 #include "gpt/model.h"
 #include "gpt/parallel.h"
 #include "gpt/world.h"
+#include "tdist/checkpoint/interchange.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ struct Options {
   int64_t batch_size = 16;
   gpt::ModelConfig model;
   std::string json_path;
+  std::string init_out;  // rank 0 writes the initial parameters here (PyTorch's .pt format)
 };
 
 int run_rank(const Options& o) {
@@ -47,6 +49,13 @@ int run_rank(const Options& o) {
   torch::set_num_threads(threads);
   torch::manual_seed(1234);
   gpt::GPT model(o.model);
+  if (!o.init_out.empty() && world.rank == 0) {
+    // The Python side (gpt_torch.py --init) starts from exactly these weights, so the two
+    // sides' losses can be compared step for step.
+    tdist::checkpoint::TensorMap init;
+    for (const auto& item : model->named_parameters()) init[item.key()] = item.value();
+    tdist::checkpoint::export_torch_file(init, o.init_out);
+  }
   gpt::Tracer tracer(world.rank, /*enabled=*/false);
   const auto mode = gpt::resolve_mode(gpt::parse_parallel_mode(o.mode), world);
   auto parallel = gpt::make_parallel(mode, model, world, tracer);
@@ -142,6 +151,8 @@ int main(int argc, char** argv) {
   app.add_option("--n-embd", o.model.n_embd, "Width")->capture_default_str();
   app.add_option("--block-size", o.model.block_size, "Context")->capture_default_str();
   app.add_option("--json", o.json_path, "Append the result as a JSON line to FILE");
+  app.add_option("--init-out", o.init_out,
+                 "Write the initial parameters to FILE (.pt) for the PyTorch side to start from");
   app.add_flag_callback(
       "--header",
       [] {

@@ -2,7 +2,7 @@
 
 // --mixed-precision bf16 on the CPU: LibTorch's autocast runs matmuls and linear layers in
 // bfloat16 inside the guarded region (the forward); parameters, gradients and optimizer
-// state stay float32. One place for the API, which changed in LibTorch 2.4.
+// state stay float32. The autocast call itself is tdist::util::set_cpu_autocast (torch_compat.h).
 
 namespace gpt {
 

@@ -4,11 +4,11 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/module_state.h"
@@ -18,11 +18,13 @@ namespace gpt {
 namespace fs = std::filesystem;
 namespace {
 
+#ifndef TDIST_GPT_WITH_CHECKPOINT  // the torch::save fallback names its own step folders
 std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
 }
+#endif
 
 // Complete step directories, oldest first. A directory is complete when its marker file
 // exists: metadata.json (tdist::checkpoint commits it last) or meta.json (our fallback,
@@ -42,18 +44,6 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& r
   }
   std::sort(steps.begin(), steps.end());
   return steps;
-}
-
-// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address as a string;
-// 2.x by the address itself. The key type of the map decides.
-template <typename Map>
-typename Map::key_type state_key(const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
 }
 
 }  // namespace
@@ -93,13 +83,12 @@ struct TrainingState {
 };
 
 TrainingState training_state(Parallel& parallel, torch::optim::AdamW& optimizer) {
-  using Map = std::decay_t<decltype(optimizer.state())>;
   TrainingState state;
   auto& opt_state = optimizer.state();
   for (auto& [name, slice] : parallel.parameter_slices()) {
     state.tensors[tdist::checkpoint::kModelPrefix + name] = slice;
     const auto& param = slice.local;
-    auto key = state_key<Map>(param);
+    auto key = tdist::util::optimizer_state_key(param);
     auto it = opt_state.find(key);
     if (it == opt_state.end()) {
       auto fresh = std::make_unique<torch::optim::AdamWParamState>();
@@ -150,16 +139,15 @@ std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
 
 namespace {
 
-// AdamW state per parameter, by position in named_parameters(). torch::save/load of the
-// optimizer itself does not restore it in LibTorch 1.13 (the saved state is keyed by the
-// old process's tensor addresses), which made a resumed run diverge after its first step.
+// AdamW state per parameter, by position in named_parameters(): torch::save/load of the
+// optimizer keys its state by the old process's tensor addresses, so a resumed run would
+// diverge after its first step.
 void save_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const std::string& path) {
-  using Map = std::decay_t<decltype(optimizer.state())>;
   torch::serialize::OutputArchive archive;
   int64_t i = 0;
   for (const auto& item : parallel.model()->named_parameters()) {
     const std::string key = "p" + std::to_string(i++);
-    auto it = optimizer.state().find(state_key<Map>(item.value()));
+    auto it = optimizer.state().find(tdist::util::optimizer_state_key(item.value()));
     if (it == optimizer.state().end()) continue;
     auto& adam = static_cast<torch::optim::AdamWParamState&>(*it->second);
     archive.write(key + "_exp_avg", adam.exp_avg());
@@ -170,7 +158,6 @@ void save_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const 
 }
 
 void load_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const std::string& path) {
-  using Map = std::decay_t<decltype(optimizer.state())>;
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   int64_t i = 0;
@@ -184,7 +171,7 @@ void load_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const 
     state->step(step.item<int64_t>());
     state->exp_avg(exp_avg.clone());
     state->exp_avg_sq(exp_avg_sq.clone());
-    optimizer.state()[state_key<Map>(item.value())] = std::move(state);
+    optimizer.state()[tdist::util::optimizer_state_key(item.value())] = std::move(state);
   }
 }
 

@@ -1,6 +1,10 @@
-// PyTorch's own file format (a zip of pickled data), via LibTorch's pickle_save/pickle_load.
+// PyTorch's own file format (a zip of pickled data): written with LibTorch's Pickler and
+// stream writer, read with pickle_load.
 
 #include <ATen/core/Dict.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
 #include "checkpoint/file_io.h"
@@ -18,6 +22,30 @@ at::Tensor standalone(const at::Tensor& t) {
   return c;
 }
 
+// torch::pickle_save, but with the dict untagged: its Pickler tags typed containers with
+// torch.jit._pickle.restore_type_tag, a global torch.load(weights_only=True) (the default
+// since PyTorch 2.6) refuses. An untagged dict of tensors is exactly what torch.save writes.
+std::vector<char> pickle_untagged(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&](const char* buf, size_t size) { pickle.insert(pickle.end(), buf, buf + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> container;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    const char* bytes = static_cast<const char*>(data);
+    container.insert(container.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return container;
+}
+
 }  // namespace
 
 void export_torch_file(const TensorMap& tensors, const std::string& path) {
@@ -26,7 +54,7 @@ void export_torch_file(const TensorMap& tensors, const std::string& path) {
     TDIST_CHECK_ARG(t.defined(), "export_torch_file: tensor '" + name + "' is undefined");
     dict.insert(name, standalone(t));
   }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  const std::vector<char> bytes = pickle_untagged(c10::IValue(dict));
   detail::write_file_atomic(path, std::string(bytes.begin(), bytes.end()), true);
 }
 

@@ -25,7 +25,6 @@ namespace {
 
 struct Entry {
   BackendFactory factory;
-  bool extended_api = false;
   std::vector<std::string> devices;
 };
 
@@ -41,7 +40,6 @@ struct Registry {
                                std::chrono::milliseconds timeout) -> CollectiveBackendPtr {
                               return make_gloo_backend(store, rank, size, timeout);
                             },
-                            true,
                             {"cpu"}};
 #endif
   }
@@ -105,7 +103,8 @@ Backend::Backend(const std::string& name) {
   name_ = value;
 }
 
-void Backend::register_backend(const std::string& name, BackendFactory factory, bool extended_api,
+void Backend::register_backend(const std::string& name, BackendFactory factory,
+                               bool /*extended_api: one factory signature here*/,
                                std::vector<std::string> devices) {
   std::string key = lower(name);
   TDIST_CHECK_ARG(!key.empty() && key != UNDEFINED && key.find_first_of(":,") == std::string::npos,
@@ -125,7 +124,7 @@ void Backend::register_backend(const std::string& name, BackendFactory factory, 
     // A new backend becomes the default only for device types nobody serves yet.
     if (!reg.device_defaults.count(device)) reg.device_defaults[device] = key;
   }
-  reg.entries[key] = Entry{std::move(factory), extended_api, std::move(devices)};
+  reg.entries[key] = Entry{std::move(factory), std::move(devices)};
 }
 
 void Backend::register_launch_bootstrap(const std::string& name, LaunchBootstrap bootstrap) {

@@ -31,7 +31,6 @@ class CommContext {
   /// Called by a group before it issues its all-gather / after it waited for it.
   void before_all_gather(ParamGroup* group);
   void after_all_gather(ParamGroup* group);
-  int in_flight() const { return static_cast<int>(in_flight_.size()); }
 
   /// Note [One pending reduce-scatter]
   /// A reduce-scatter's input is a full-size gradient buffer; keeping them all until the end

@@ -116,7 +116,6 @@ std::vector<at::Tensor> FSDPState::post_forward(std::vector<at::Tensor> outputs)
       bypass_checked_ = true;
       check_no_bypass(outputs);
     }
-    ++forwards_;
   }
   return outputs;
 }

@@ -61,7 +61,6 @@ class FSDPState {
   bool in_forward_ = false;
   bool callback_queued_ = false;
   bool bypass_checked_ = false;
-  int forwards_ = 0;
   bool ran_forward_this_step_ = false;
   FSDPStats stats_;  // used when the module has no own parameters
   join::Joinable* joinable_ = nullptr;

@@ -16,7 +16,6 @@
 #include <map>
 #include <optional>
 #include <sstream>
-#include <type_traits>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -31,31 +30,13 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
 namespace detail {
 namespace {
 
 // ---- optimizer state fields ----------------------------------------------------------------
-
-// LibTorch 1.13 keys Optimizer::state() by the parameter's TensorImpl address printed as a
-// string; 2.x keys it by the address itself. The map's key type decides.
-template <typename Map>
-typename Map::key_type optimizer_state_key_for(const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;  // what c10::guts::to_string(impl) gives in 1.13
-    out << static_cast<void*>(param.unsafeGetTensorImpl());
-    return out.str();
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
-
-auto optimizer_state_key(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
-  using Map = std::decay_t<decltype(optimizer.state())>;
-  return optimizer_state_key_for<Map>(param);
-}
 
 class FieldCollector {
  public:
@@ -92,7 +73,7 @@ class FieldCollector {
 template <typename State>
 State* find_or_create(torch::optim::Optimizer& optimizer, const at::Tensor& param, bool create) {
   auto& states = optimizer.state();
-  const auto key = optimizer_state_key(optimizer, param);
+  const auto key = util::optimizer_state_key(param);
   auto it = states.find(key);
   if (it == states.end()) {
     if (!create) return nullptr;

@@ -6,7 +6,7 @@
 // singleton, and OpenMPI singletons cannot join one world. With --launcher mpirun the agent
 // starts ONE child per attempt:
 //
-//   mpirun -n <nproc> --oversubscribe --bind-to none [--mpirun-args] \
+//   mpirun -n <nproc> --oversubscribe --bind-to none [--mpirun-args]
 //          <tdistrun> --mpi-worker-shim <program> <args...>
 //
 // Every process mpirun starts is a small shim (tdistrun itself, in shim mode). It reads its

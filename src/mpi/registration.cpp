@@ -100,16 +100,30 @@ StorePtr bootstrap_store(std::chrono::milliseconds timeout) {
   }
   std::shared_ptr<TCPStore> store;
   int port = 0;
+  std::string failure;
   if (is_server) {
-    store = std::make_shared<TCPStore>(
-        host, TCPStoreOptions().port(0).is_server(true).timeout(timeout).wait_for_workers(false));
-    port = store->port();
+    // A store rank 0 cannot host (e.g. its host name does not resolve) must fail every rank,
+    // not leave the others waiting in MPI_Bcast: port -1 and the reason go out instead.
+    try {
+      store = std::make_shared<TCPStore>(
+          host, TCPStoreOptions().port(0).is_server(true).timeout(timeout).wait_for_workers(false));
+      port = store->port();
+    } catch (const std::exception& e) {
+      failure = e.what();
+      port = -1;
+      std::snprintf(host, sizeof(host), "%s", failure.c_str());
+    }
   }
   executor.run_sync([&] {
     detail::check_mpi(MPI_Bcast(host, sizeof(host), MPI_CHAR, 0, MPI_COMM_WORLD),
                       "MPI_Bcast(store host)");
     detail::check_mpi(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD), "MPI_Bcast(store port)");
   });
+  if (port < 0) {
+    TDIST_THROW(StoreError, "mpi: rank 0 could not host the job's store: " +
+                                (is_server ? failure : std::string(host)) +
+                                " (set MASTER_ADDR to an address of rank 0's host)");
+  }
   if (!is_server) {
     store = std::make_shared<TCPStore>(host, TCPStoreOptions().port(port).timeout(timeout));
   }

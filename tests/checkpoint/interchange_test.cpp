@@ -98,7 +98,7 @@ TEST(TorchFile, LibTorchRoundTrip) {
 constexpr const char* kPythonCheck = R"PY(
 import json, struct, sys, torch
 pt, st, out_pt, out_st = sys.argv[1:5]
-sd = torch.load(pt)
+sd = torch.load(pt, weights_only=True)  # the default since 2.6; refuses type-tagged pickles
 assert isinstance(sd, dict), type(sd)
 names = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
@@ -148,7 +148,9 @@ struct SeqImpl : torch::nn::Module {
 
 TEST(Interchange, PythonLoadsOurFilesAndWeLoadPythons) {
   if (!python_has_torch()) {
-    GTEST_SKIP() << python() << " has no torch module; install python3-torch to run this test";
+    GTEST_SKIP() << python()
+                 << " has no torch module; run tools/setup.sh (it installs PyTorch into .venv/) to "
+                    "run this test";
   }
   const std::string dir = tdist::testing::make_temp_dir("py");
   TensorMap tensors = sample();

@@ -121,7 +121,7 @@ TEST(ModuleAdapter, ReplicatedModelReshardsAcrossRankThreads) {
   const TensorMap trained = module_tensors(*reference);
   const std::string dir = tdist::testing::make_temp_dir("ckpt") + "/ckpt";
   std::mutex autograd;  // the threads train; keep it simple and serialise steps
-  run_with_coordinators(2, [&](int rank, CoordinatorPtr c) {
+  run_with_coordinators(2, [&](int, CoordinatorPtr c) {
     Net net = make_net(init);
     auto opt = make_optimizer(Opt::kAdam, net);
     {

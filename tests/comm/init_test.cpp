@@ -47,7 +47,9 @@ void check_collectives(const ProcessGroupPtr& group) {
 
   at::Tensor red = torch::full({1}, 2.0);
   reduce(red, last, ReduceOp::PRODUCT, group);
-  if (rank == n - 1) EXPECT_EQ(red.item<float>(), std::pow(2.0f, n));
+  if (rank == n - 1) {
+    EXPECT_EQ(red.item<float>(), std::pow(2.0f, n));
+  }
 
   // gather to the last rank, scatter from it.
   std::vector<at::Tensor> glist;

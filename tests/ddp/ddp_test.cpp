@@ -39,8 +39,12 @@ TDIST_SCENARIO(ddp_parity) {
   if (mode == "buckets" || mode == "view") options.bucket_cap_mb(1e-6).first_bucket_cap_mb(1e-6);
   if (mode == "view") options.gradient_as_bucket_view(true);
   ddp::DistributedDataParallel net(model, options);
-  if (mode == "buckets") EXPECT_EQ(net.bucket_indices().size(), 4u);
-  if (mode == "plain") EXPECT_EQ(net.bucket_indices().size(), 1u);
+  if (mode == "buckets") {
+    EXPECT_EQ(net.bucket_indices().size(), 4u);
+  }
+  if (mode == "plain") {
+    EXPECT_EQ(net.bucket_indices().size(), 1u);
+  }
   if (mode == "fp16") net.register_comm_hook(ddp::fp16_compress_hook);
   if (mode == "bf16") net.register_comm_hook(ddp::bf16_compress_hook);
   if (mode == "plain" || mode == "tcp") {

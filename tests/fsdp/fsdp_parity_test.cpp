@@ -117,7 +117,9 @@ void run_parity() {
   auto handles = testing::tiny_handles(model, root);
   EXPECT_LE(testing::max_param_diff(model, handles, ref), kTol) << "rank " << rank;
   // Sharded at rest again: the parameters hold their local shards.
-  if (world > 1) EXPECT_LT(testing::param_numel(*model), testing::param_numel(*ref));
+  if (world > 1) {
+    EXPECT_LT(testing::param_numel(*model), testing::param_numel(*ref));
+  }
   destroy_process_group();
 }
 

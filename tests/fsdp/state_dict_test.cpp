@@ -139,7 +139,9 @@ void run_resume() {
     const ShardedTensor& st = model_sd.at(name);
     EXPECT_EQ(st.global_shape, shape) << name;
     EXPECT_EQ(st.local.scalar_type(), torch::kFloat) << name;
-    if (full) EXPECT_EQ(st.local.sizes().vec(), shape) << name;
+    if (full) {
+      EXPECT_EQ(st.local.sizes().vec(), shape) << name;
+    }
   }
   if (variant == "frozen") {
     EXPECT_EQ(optim_sd.count("tok.weight.exp_avg"), 0u);  // not in the optimizer
@@ -150,7 +152,9 @@ void run_resume() {
     const auto dot = name.rfind('.');
     const std::string param = name.substr(0, dot);
     ASSERT_EQ(shapes.count(param), 1u) << name;
-    if (name.substr(dot + 1) != "step") EXPECT_EQ(st.global_shape, shapes.at(param)) << name;
+    if (name.substr(dot + 1) != "step") {
+      EXPECT_EQ(st.global_shape, shapes.at(param)) << name;
+    }
   }
   if (!full) {
     // The sharded slices are the rows of the full tensors (gathered here for comparison).

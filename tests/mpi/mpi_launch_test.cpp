@@ -50,7 +50,9 @@ TEST(MpiLaunch, CheckPassesUnderMpirunOrAtWorldOne) {
   ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   EXPECT_NO_THROW(mpi::check_mpi_launch(1, 2));
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  if (!mpi::launched_by_mpirun()) EXPECT_THROW(mpi::check_mpi_launch(1, 2), InvalidArgument);
+  if (!mpi::launched_by_mpirun()) {
+    EXPECT_THROW(mpi::check_mpi_launch(1, 2), InvalidArgument);
+  }
 }
 
 }  // namespace

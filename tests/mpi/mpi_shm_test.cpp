@@ -217,7 +217,9 @@ TEST(MPIShm, ReductionIsALeftFoldInRankOrderAndBitwiseEqualOnEveryRank) {
     auto acc = value_of(0).to(torch::kFloat);
     for (int r = 1; r < world(); ++r) acc = acc + value_of(r).to(torch::kFloat);
     // (The MPI-message paths reduce in another order: only the shared-memory path folds.)
-    if (!shm_off()) EXPECT_TRUE(t.equal(acc.to(dtype))) << c10::toString(dtype);
+    if (!shm_off()) {
+      EXPECT_TRUE(t.equal(acc.to(dtype))) << c10::toString(dtype);
+    }
     // Every rank holds the same bits.
     auto all = torch::empty({n * world()}, t.options());
     pg().all_gather_into_tensor(all, t, {})->wait();
@@ -427,7 +429,9 @@ TEST(MPIShm, SymmetricAllReduceIsTheStagedLeftFoldForEveryOpAndSize) {
         auto b = pg().all_reduce(plain, opts);
         a->wait();
         b->wait();
-        if (!shm_off()) EXPECT_TRUE(sym.equal(plain)) << describe(dtype, op, n);
+        if (!shm_off()) {
+          EXPECT_TRUE(sym.equal(plain)) << describe(dtype, op, n);
+        }
         EXPECT_TRUE(sym.allclose(plain, 1e-6, 1e-5)) << describe(dtype, op, n);
         if (dtype == at::kInt) {
           EXPECT_TRUE(sym.equal(expected_reduction(n, dtype, op, static_cast<int>(n % 5))))
@@ -490,7 +494,9 @@ TEST(MPIShm, AFailedReadAcrossProcessesNamesThePeer) {
     const std::string what = e.what();
     EXPECT_NE(what.find("reading rank 7's tensor"), std::string::npos) << what;
     EXPECT_NE(what.find("all_gather_into_tensor"), std::string::npos) << what;
-    if (allowed) EXPECT_NE(what.find(std::strerror(EFAULT)), std::string::npos) << what;
+    if (allowed) {
+      EXPECT_NE(what.find(std::strerror(EFAULT)), std::string::npos) << what;
+    }
   }
 }
 

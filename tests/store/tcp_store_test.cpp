@@ -191,7 +191,9 @@ TEST(TCPStore, BindsOnlyTheGivenAddress) {
   // 127.0.0.2 reaches this machine too, but not a socket bound to 127.0.0.1 only.
   EXPECT_FALSE(can_connect("127.0.0.2", store.port()));
   const std::string other = non_loopback_ipv4();
-  if (!other.empty()) EXPECT_FALSE(can_connect(other, store.port())) << other;
+  if (!other.empty()) {
+    EXPECT_FALSE(can_connect(other, store.port())) << other;
+  }
 
   tdist::detail::TcpStoreServer server("127.0.0.1", 0, "", {});
   EXPECT_EQ(server.bound_address(), "127.0.0.1:" + std::to_string(server.port()));

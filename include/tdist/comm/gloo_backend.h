@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,12 +30,17 @@ class GlooWorkQueue;
 }  // namespace detail
 
 struct GlooBackendOptions {
-  /// Network interfaces to use (GLOO_SOCKET_IFNAME, comma separated). Empty: the address
-  /// the host name resolves to, else loopback (as c10d). Channels are spread round-robin
-  /// over the interfaces.
+  /// Network interfaces to use (GLOO_SOCKET_IFNAME, comma separated). Channels are spread
+  /// round-robin over the interfaces.
   TDIST_ARG(std::vector<std::string>, interfaces);
-  /// Host name or address to bind when no interface is given (empty: as above).
+  /// Host name or address to bind when no interface is given (empty: as below).
   TDIST_ARG(std::string, hostname);
+  /// The store's host (MASTER_ADDR): with no interface or hostname given, gloo binds the
+  /// local address that routes to it (docs/gloo.md "Which address gloo binds").
+  TDIST_ARG(std::string, store_host);
+  /// Whether every rank runs on this host (LOCAL_WORLD_SIZE == WORLD_SIZE), if known: then
+  /// loopback is a usable fallback; on several hosts it is an error.
+  TDIST_ARG(std::optional<bool>, single_host);
   /// TORCH_GLOO_LAZY_INIT: connect on the first collective instead of in the constructor.
   /// Debian's libgloo (2022) has no per-pair lazy connect, so the whole mesh is connected
   /// then; every rank must issue a collective (or send/recv) for that to finish.

@@ -1,14 +1,33 @@
 #pragma once
 
-// Version-specific LibTorch calls, kept in one place. tdist builds against LibTorch 1.13 and
-// 2.x; every call here exists in both, or is switched on TORCH_VERSION_MAJOR.
+// Version-specific LibTorch calls, kept in one place. tdist builds against LibTorch 2.4 and
+// newer (the floor cmake/TdistDependencies.cmake enforces; tested on the release pinned in
+// tools/torch-version.txt). Every call here exists unchanged from 2.4 to that release; a
+// call that differs between releases gets a branch on TORCH_VERSION_MAJOR/MINOR here, with
+// the releases each branch serves.
 
 #include <cstddef>
 #include <vector>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
 namespace tdist::util {
+
+/// The key of `param` in torch::optim::Optimizer::state(): its TensorImpl's address (2.0+;
+/// 1.13 keyed by that address printed as a string).
+inline void* optimizer_state_key(const at::Tensor& param) {
+  return param.unsafeGetTensorImpl();
+}
+
+/// Turns CPU autocast on (to `dtype`) or off, returning whether it was on; the device-type
+/// API of 2.4+ (before it: set_cpu_enabled / set_autocast_cpu_dtype).
+inline bool set_cpu_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
+  const bool previous = at::autocast::is_autocast_enabled(at::kCPU);
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  return previous;
+}
 
 /// Frees the bytes of `tensor`'s storage in place (the StorageImpl stays, now 0 bytes), as
 /// Python's `tensor.untyped_storage().resize_(0)`. Every tensor and view sharing that storage
@@ -29,8 +48,8 @@ void set_data_in_place(const at::Tensor& variable, const at::Tensor& data);
 }  // namespace tdist::util
 
 // ---- raw TensorImpl / StorageImpl access (FSDP's hot path) ------------------------------
-// Each of these replaces a dispatcher call with the same field writes; they exist in
-// LibTorch 1.13 and 2.x alike.
+// Each of these replaces a dispatcher call with the same field writes; every TensorImpl and
+// StorageImpl member used exists unchanged from 2.4 to the pinned release.
 
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>

@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <array>
 
-#include <gloo/common/error.h>
-#include <gloo/common/logging.h>
-#include <gloo/transport/unbound_buffer.h>
-
 #include <c10/core/ScalarType.h>
 
 #include "comm/op_codes.h"
@@ -38,7 +34,7 @@ std::string describe(const Header& h) {
 }
 
 struct Exchange::Pending {
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  std::unique_ptr<gloo_transport::Buffer> buffer;
   int peer = -1;
   bool is_send = false;
   bool done = false;
@@ -114,7 +110,7 @@ void Exchange::wait(size_t handle) {
     auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(info_.deadline - Clock::now());
     left = std::max(left, std::chrono::milliseconds(1));
-    ok = p.is_send ? p.buffer->waitSend(nullptr, left) : p.buffer->waitRecv(nullptr, left);
+    ok = p.is_send ? p.buffer->wait_send(left) : p.buffer->wait_recv(left);
   } catch (...) {
     comm_.unwatch(&waiter);
     rethrow(p.peer, p.is_send);

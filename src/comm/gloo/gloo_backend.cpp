@@ -205,6 +205,10 @@ GlooBackendOptions gloo_options_from_env() {
     }
     options.interfaces(names);
   }
+  if (const char* host = std::getenv("MASTER_ADDR"); host && *host) options.store_host(host);
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (local && *local && world && *world) options.single_host(std::string(local) == world);
   if (const char* lazy = std::getenv("TORCH_GLOO_LAZY_INIT"); lazy && *lazy) {
     std::string v(lazy);
     options.lazy_init(v == "1" || v == "true" || v == "TRUE" || v == "True");

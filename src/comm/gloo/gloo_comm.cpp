@@ -3,14 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <gloo/common/error.h>
-#include <gloo/common/logging.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
-
+#include "comm/gloo/device_address.h"
 #include "comm/gloo/shm.h"
 #include "tdist/error.h"
 
@@ -18,65 +11,56 @@ namespace tdist::detail {
 
 namespace {
 
-// gloo's rendezvous store interface on top of a tdist Store.
-class StoreAdapter : public gloo::rendezvous::Store {
+// The transport's rendezvous store on top of a tdist Store.
+class StoreAdapter final : public gloo_transport::KeyValueStore {
  public:
-  StoreAdapter(tdist::Store& store, std::chrono::milliseconds timeout)
-      : store_(store), timeout_(timeout) {}
+  explicit StoreAdapter(tdist::Store& store) : store_(store) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::vector<uint8_t>(data.begin(), data.end()));
   }
   std::vector<char> get(const std::string& key) override {
-    store_.wait({key}, timeout_);
     auto value = store_.get(key);
     return std::vector<char>(value.begin(), value.end());
   }
-  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
     store_.wait(keys, timeout);
   }
 
  private:
   tdist::Store& store_;
-  std::chrono::milliseconds timeout_;
 };
 
 // Slot of the liveness probes (see Note [Dead-peer watchdog]); no payload is ever sent there.
 constexpr uint64_t kProbeSlot = (uint64_t(1) << 62) + 7;
 
-std::string default_hostname() {
-  char name[256] = {0};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
-  return name;
-}
-
-std::shared_ptr<gloo::transport::Device> make_device(const GlooBackendOptions& options, int channel,
-                                                     int rank) {
-  gloo::transport::tcp::attr attr;
-  if (!options.interfaces().empty()) {
-    attr.iface = options.interfaces()[channel % options.interfaces().size()];
-    try {
-      return gloo::transport::tcp::CreateDevice(attr);
-    } catch (const std::exception& e) {
-      TDIST_THROW(InvalidArgument, "rank " + std::to_string(rank) +
-                                       ": gloo cannot use network interface '" + attr.iface +
+std::unique_ptr<gloo_transport::Context> connect_channel(gloo_transport::Module& module,
+                                                         const GlooBackendOptions& options,
+                                                         StoreAdapter& store, int channel, int rank,
+                                                         int size,
+                                                         std::chrono::milliseconds timeout) {
+  using gloo_transport::TransportError;
+  const gloo_transport::DeviceAddress where = choose_device_address(options, channel, rank);
+  const std::string who = "rank " + std::to_string(rank);
+  try {
+    return module.connect(where, store, "gloo/ch" + std::to_string(channel), rank, size, timeout);
+  } catch (const TransportError& e) {
+    if (e.kind() == TransportError::Kind::kDevice && !where.interface.empty()) {
+      TDIST_THROW(InvalidArgument, who + ": gloo cannot use network interface '" + where.interface +
                                        "' (GLOO_SOCKET_IFNAME): " + e.what() +
                                        "; list interfaces with `ip link`");
     }
-  }
-  if (!options.hostname().empty()) {
-    attr.hostname = options.hostname();
-    return gloo::transport::tcp::CreateDevice(attr);
-  }
-  // As c10d: the address the host name resolves to if it can be bound, else loopback.
-  try {
-    attr.hostname = default_hostname();
-    return gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception&) {
-    attr.hostname = "127.0.0.1";
-    return gloo::transport::tcp::CreateDevice(attr);
+    if (e.kind() == TransportError::Kind::kDevice) {
+      TDIST_THROW(NetworkError, who + ": gloo cannot bind address " + where.address + ": " +
+                                    e.what() + "; set GLOO_SOCKET_IFNAME to the interface to use");
+    }
+    if (e.kind() == TransportError::Kind::kIo) {
+      TDIST_THROW(NetworkError, who + ": gloo could not connect to its peers within " +
+                                    std::to_string(timeout.count()) + " ms: " + e.what() +
+                                    "; check that every rank started and that the network "
+                                    "(GLOO_SOCKET_IFNAME) is reachable");
+    }
+    TDIST_THROW(DistBackendError, who + ": gloo connect failed: " + e.what());
   }
 }
 
@@ -98,29 +82,11 @@ GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds t
     : rank_(rank), size_(size), segment_bytes_(std::max<size_t>(options.segment_bytes(), 4096)) {
   ignore_sigpipe_unless_handled();
   const int channels = std::max(1, options.channels());
-  StoreAdapter adapter(store, timeout);
-  for (int c = 0; c < channels; ++c) {
-    auto device = make_device(options, c, rank);
-    gloo::rendezvous::PrefixStore prefixed("gloo/ch" + std::to_string(c), adapter);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(timeout);
-    try {
-      context->connectFullMesh(prefixed, device);
-    } catch (const tdist::Error&) {
-      throw;
-    } catch (const gloo::IoException& e) {
-      TDIST_THROW(NetworkError, "rank " + std::to_string(rank) +
-                                    ": gloo could not connect to its peers within " +
-                                    std::to_string(timeout.count()) + " ms: " + e.what() +
-                                    "; check that every rank started and that the network "
-                                    "(GLOO_SOCKET_IFNAME) is reachable");
-    } catch (const std::exception& e) {
-      TDIST_THROW(DistBackendError,
-                  "rank " + std::to_string(rank) + ": gloo connect failed: " + e.what());
-    }
-    contexts_.push_back(std::move(context));
-  }
-  for (auto& context : contexts_) probes_.push_back(context->createUnboundBuffer(&probe_byte_, 1));
+  gloo_transport::Module& module = gloo_transport::module();
+  StoreAdapter adapter(store);
+  for (int c = 0; c < channels; ++c)
+    contexts_.push_back(connect_channel(module, options, adapter, c, rank, size, timeout));
+  for (auto& context : contexts_) probes_.push_back(context->buffer(&probe_byte_, 1));
   if (options.shared_memory()) shm_ = ShmArena::connect(store, rank, size, timeout);
   watchdog_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(watch_mutex_);
@@ -130,9 +96,9 @@ GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds t
         if (w->aborted || !peer_error(w->peer)) continue;
         w->aborted = true;
         if (w->is_send) {
-          w->buffer->abortWaitSend();
+          w->buffer->abort_wait_send();
         } else {
-          w->buffer->abortWaitRecv();
+          w->buffer->abort_wait_recv();
         }
       }
     }
@@ -150,9 +116,9 @@ GlooComm::~GlooComm() {
 
 std::exception_ptr GlooComm::peer_error(int peer) {
   if (peer < 0 || peer >= size_ || peer == rank_) return nullptr;
-  // libgloo keeps a connection's error private (and Debian's gloo headers cannot be used to
-  // reach it), but posting on a failed connection rethrows that error: a zero-byte receive on
-  // a slot nobody sends to is the probe. Each live probe leaves one small entry on both ends.
+  // libgloo keeps a connection's error private (and its headers give no way to reach it), but
+  // posting on a failed connection rethrows that error: a zero-byte receive on a slot nobody sends
+  // to is the probe. Each live probe leaves one small entry on both ends.
   for (size_t c = 0; c < contexts_.size(); ++c) {
     try {
       probes_[c]->recv(peer, kProbeSlot, 0, 0);
@@ -173,9 +139,8 @@ void GlooComm::unwatch(Waiter* waiter) {
   waiters_.erase(waiter);
 }
 
-std::unique_ptr<gloo::transport::UnboundBuffer> GlooComm::buffer(int channel, void* ptr,
-                                                                 size_t bytes) {
-  return contexts_[channel % contexts_.size()]->createUnboundBuffer(ptr, bytes);
+std::unique_ptr<gloo_transport::Buffer> GlooComm::buffer(int channel, void* ptr, size_t bytes) {
+  return contexts_[channel % contexts_.size()]->buffer(ptr, bytes);
 }
 
 char* GlooComm::scratch(int slot, size_t bytes) {
@@ -194,7 +159,7 @@ char* GlooComm::scratch(int slot, size_t bytes) {
 void GlooComm::close() {
   for (auto& context : contexts_) {
     try {
-      context->closeConnections();
+      context->close_connections();
     } catch (...) {
       // Closing is best effort: the connections may already be gone.
     }

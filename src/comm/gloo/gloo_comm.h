@@ -16,15 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/transport/transport.h"
 #include "tdist/comm/gloo_backend.h"
 #include "tdist/store/store.h"
-
-namespace gloo {
-class Context;
-namespace transport {
-class UnboundBuffer;
-}  // namespace transport
-}  // namespace gloo
 
 namespace tdist::detail {
 
@@ -43,7 +37,7 @@ class GlooComm {
   int channels() const { return static_cast<int>(contexts_.size()); }
   size_t segment_bytes() const { return segment_bytes_; }
 
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer(int channel, void* ptr, size_t bytes);
+  std::unique_ptr<gloo_transport::Buffer> buffer(int channel, void* ptr, size_t bytes);
 
   /// Sequence number of the next collective (1, 2, ...); all ranks count alike.
   uint64_t next_seq() { return ++seq_; }
@@ -60,7 +54,7 @@ class GlooComm {
   // that wait would run into the timeout. While a wait is registered here, a watchdog thread
   // probes the peer's connections every 100 ms and aborts the wait when one has failed.
   struct Waiter {
-    gloo::transport::UnboundBuffer* buffer = nullptr;
+    gloo_transport::Buffer* buffer = nullptr;
     int peer = -1;
     bool is_send = false;
     std::atomic<bool> aborted{false};
@@ -79,7 +73,7 @@ class GlooComm {
   int rank_;
   int size_;
   size_t segment_bytes_;
-  std::vector<std::shared_ptr<gloo::Context>> contexts_;
+  std::vector<std::unique_ptr<gloo_transport::Context>> contexts_;
   std::atomic<uint64_t> seq_{0};
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_bytes_;
@@ -89,7 +83,7 @@ class GlooComm {
   bool stop_watchdog_ = false;
   std::thread watchdog_;
   char probe_byte_ = 0;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> probes_;
+  std::vector<std::unique_ptr<gloo_transport::Buffer>> probes_;
   std::unique_ptr<ShmArena> shm_;
 };
 

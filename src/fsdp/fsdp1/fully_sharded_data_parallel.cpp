@@ -49,10 +49,6 @@ std::string where(ShardingStrategy s) {
          std::to_string(get_rank()) + ": ";
 }
 
-bool is_hybrid(ShardingStrategy s) {
-  return s == ShardingStrategy::HYBRID_SHARD || s == ShardingStrategy::HYBRID_SHARD_ZERO2;
-}
-
 std::string device_type_of(const torch::nn::Module& module) {
   for (const auto& p : module.parameters()) {
     if (p.is_cuda()) return "cuda";

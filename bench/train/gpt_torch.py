@@ -1,10 +1,13 @@
-#!/usr/bin/python3
-"""The GPT example's model (examples/gpt/model.cpp) in Python PyTorch DDP, timed the same
-way as bench_train: random tokens, AdamW, gradient clipping, warmup steps then timed steps.
-Ranks are started here with environment variables (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), not torchrun.
+#!/usr/bin/env python3
+"""The GPT example's model (examples/gpt/model.cpp) in Python PyTorch, timed the same way as
+bench_train: random tokens (the same generator and seeds, so the same batches), AdamW,
+gradient clipping, warmup steps then timed steps. --mode picks PyTorch's DDP, FSDP1
+(FullyShardedDataParallel, one unit per block) or FSDP2 (fully_shard on each block, then the
+root); --init loads the initial parameters bench_train wrote (--init-out), so the final loss
+can be compared with tdist's. Ranks are started here with environment variables (RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), not torchrun.
 
-    /usr/bin/python3 bench/train/gpt_ddp.py --nproc 2 --steps 20
+    .venv/bin/python bench/train/gpt_torch.py --mode fsdp2 --nproc 2 --steps 20
 """
 import argparse
 import json
@@ -86,13 +89,47 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.t()  # tied head
 
 
+def load_init(model, path):
+    """bench_train's parameter names -> this model's (its MLP is a Sequential)."""
+    state = torch.load(path, weights_only=True)
+    renamed = {k.replace("mlp.c_fc.", "mlp.0.").replace("mlp.c_proj.", "mlp.2."): v
+               for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(renamed, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"--init {path}: missing {missing}, unexpected {unexpected}")
+
+
+def wrap(model, mode):
+    if mode == "ddp":
+        return DDP(model)
+    if mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True)
+    from torch.distributed.fsdp import fully_shard
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def clip(model, mode, max_norm):
+    if mode == "fsdp1":
+        model.clip_grad_norm_(max_norm)
+    else:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
 def run_rank(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     threads = args.threads or max(1, os.cpu_count() // world)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1234)
-    model = DDP(GPT(args))
+    plain = GPT(args)
+    if args.init:
+        load_init(plain, args.init)
+    params = sum(p.numel() for p in plain.parameters())
+    model = wrap(plain, args.mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(42 + rank)
     loss_value = 0.0
@@ -106,7 +143,7 @@ def run_rank(args):
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        clip(model, args.mode, 1.0)
         opt.step()
         opt.zero_grad()
         loss_value = loss.item()
@@ -119,15 +156,14 @@ def run_rank(args):
     dist.all_gather(losses, torch.tensor([loss_value], dtype=torch.float64))
     ok = all(math.isfinite(l.item()) for l in losses)
     tokens_total = args.batch_size * args.block_size * args.steps * world
-    params = sum(p.numel() for p in model.parameters())
     if rank == 0:
         peak_max = max(p.item() for p in peaks)
         print("%-12s %5d %9.2fM %11.0f %9.1f %14.0f %10.4f %4s" % (
-            "pytorch ddp", world, params / 1e6, tokens_total / seconds, seconds / args.steps * 1e3,
+            "pytorch " + args.mode, world, params / 1e6, tokens_total / seconds, seconds / args.steps * 1e3,
             peak_max / 2**20, losses[0].item(), "yes" if ok else "NO"), flush=True)
         if args.json:
             with open(args.json, "a") as f:
-                f.write(json.dumps({"impl": "pytorch", "mode": "ddp", "world_size": world,
+                f.write(json.dumps({"impl": "pytorch", "mode": args.mode, "world_size": world,
                                     "tokens_per_s": tokens_total / seconds,
                                     "step_ms": seconds / args.steps * 1e3,
                                     "peak_rss_bytes": [p.item() for p in peaks],
@@ -144,6 +180,8 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["ddp", "fsdp1", "fsdp2"], default="ddp")
+    p.add_argument("--init", default="", help="initial parameters from bench_train --init-out")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
