@@ -17,6 +17,12 @@ if(TDIST_TORCH_VERSION VERSION_LESS TDIST_TORCH_FLOOR)
     "${TDIST_TORCH_VERSION} at ${Torch_DIR}. Run tools/setup.sh (it installs the pinned "
     "PyTorch into .venv/) or pass -DCMAKE_PREFIX_PATH=<a LibTorch ${TDIST_TORCH_FLOOR}+>.")
 endif()
+if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=0")
+  message(FATAL_ERROR "the LibTorch at ${Torch_DIR} (${TDIST_TORCH_VERSION}) is built with the "
+    "pre-C++11 libstdc++ ABI (-D_GLIBCXX_USE_CXX11_ABI=0), and tdist links Debian's libraries, "
+    "which use the C++11 ABI. Use a cxx11-ABI LibTorch: PyTorch's wheels from 2.7 on, or a "
+    "'cxx11-abi' libtorch archive.")
+endif()
 message(STATUS "tdist: LibTorch ${TDIST_TORCH_VERSION} (${Torch_DIR})")
 
 # The Python that runs the interchange tests and the PyTorch side of the benchmarks: the

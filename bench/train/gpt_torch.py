@@ -105,7 +105,9 @@ def wrap(model, mode):
     if mode == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True)
+        # device_id=cpu explicitly: left unset, FSDP1 looks for an accelerator and refuses.
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
+                    device_id=torch.device("cpu"))
     from torch.distributed.fsdp import fully_shard
     for block in model.blocks:
         fully_shard(block)
@@ -195,7 +197,12 @@ def main():
     p.add_argument("--json", default="")
     args = p.parse_args()
     if "RANK" in os.environ:
-        sys.exit(run_rank(args))
+        code = run_rank(args)
+        # os._exit: PyTorch 2.11's Gloo threads sometimes abort the interpreter's teardown
+        # ("terminate called without an active exception") after the rank has finished.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(args.nproc))
     procs = [subprocess.Popen([sys.executable] + sys.argv, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
