@@ -1,6 +1,6 @@
 # LibTorch: PyTorch's own build from PyPI, installed by tools/setup.sh into .venv/ (pinned in
 # tools/torch-version.txt), or any other LibTorch 2.x through -DCMAKE_PREFIX_PATH.
-set(TDIST_TORCH_FLOOR 2.4)
+set(TDIST_TORCH_FLOOR 2.9)
 if(NOT Torch_DIR AND EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
   execute_process(
     COMMAND ${PROJECT_SOURCE_DIR}/.venv/bin/python -c

@@ -45,6 +45,9 @@ fi
 
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_BASEDIR="$PWD"
+# Clones in other folders (CI) share the cache: paths are relative to the clone, and the
+# working directory stays out of the hash (it only names the debug info's compile dir).
+export CCACHE_NOHASHDIR=1
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   echo "== configuring $BUILD_DIR"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -1,8 +1,8 @@
 #pragma once
 
-// Version-specific LibTorch calls, kept in one place. tdist builds against LibTorch 2.4 and
+// Version-specific LibTorch calls, kept in one place. tdist builds against LibTorch 2.9 and
 // newer (the floor cmake/TdistDependencies.cmake enforces; tested on the release pinned in
-// tools/torch-version.txt). Every call here exists unchanged from 2.4 to that release; a
+// tools/torch-version.txt). Every call here exists unchanged from 2.9 to that release; a
 // call that differs between releases gets a branch on TORCH_VERSION_MAJOR/MINOR here, with
 // the releases each branch serves.
 
@@ -49,7 +49,7 @@ void set_data_in_place(const at::Tensor& variable, const at::Tensor& data);
 
 // ---- raw TensorImpl / StorageImpl access (FSDP's hot path) ------------------------------
 // Each of these replaces a dispatcher call with the same field writes; every TensorImpl and
-// StorageImpl member used exists unchanged from 2.4 to the pinned release.
+// StorageImpl member used exists unchanged from 2.9 to the pinned release.
 
 #include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
