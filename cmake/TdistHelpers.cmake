@@ -12,8 +12,8 @@ function(tdist_use_pch target)
 endfunction()
 
 # tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>])
-# Builds src/<area>/*.cpp (but those matching EXCLUDE) into the static library tdist_<area>. Areas without sources
-# are skipped, so work in progress elsewhere never blocks a build. NO_TORCH: the area's own
+# Builds src/<area>/*.cpp, but those matching EXCLUDE, into the static library tdist_<area>.
+# Areas without sources are skipped, so work in progress elsewhere never blocks a build. NO_TORCH: the area's own
 # sources never include LibTorch (no precompiled header, no direct tdist_torch link).
 function(tdist_add_area)
   cmake_parse_arguments(ARG "NO_TORCH" "NAME;EXCLUDE" "DEPS;LIBS" ${ARGN})

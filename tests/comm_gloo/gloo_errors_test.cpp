@@ -174,6 +174,15 @@ TEST(GlooErrors, ConstructorValidates) {
   EXPECT_THROW(GlooBackend(nullptr, 0, 1, std::chrono::seconds(1)), InvalidArgument);
 }
 
+// A peer that never connects: the rendezvous store's own TimeoutError comes out of the
+// constructor as it is (it crosses the Gloo transport module), not as a generic connect error.
+TEST(GlooErrors, PeerThatNeverConnectsTimesOutAtConstruction) {
+  auto store = std::make_shared<HashStore>();
+  const auto msg = expect_throw<TimeoutError>(
+      [&] { GlooBackend(store, 0, 2, std::chrono::milliseconds(500)); }, "absent peer");
+  EXPECT_FALSE(msg.empty());
+}
+
 void program_sigpipe_handler(int) {}
 
 sighandler_t sigpipe_disposition() {

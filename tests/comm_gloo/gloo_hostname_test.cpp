@@ -85,25 +85,17 @@ TDIST_SCENARIO(gloo_hostname_expect_clear_error) {
   throw std::runtime_error("init_process_group succeeded with no usable address");
 }
 
-void expect_ok(const std::vector<RankResult>& results) {
-  for (const auto& r : results) {
-    EXPECT_TRUE(r.ok()) << "rank " << r.rank << " exit " << r.exit_code << " signal " << r.signal
-                        << ":\n"
-                        << r.output;
-  }
-}
-
 TEST(GlooHostname, SingleHostJobRunsWhenTheHostNameDoesNotResolve) {
   ENTER_OR_SKIP(enter_uts_namespace(kUnresolvable, &why));
   ASSERT_FALSE(detail::bindable_address_of(kUnresolvable).has_value());
-  for (int world : {1, 3}) expect_ok(run_ranks_as_processes("gloo_hostname_all_reduce", world));
+  for (int world : {1, 3}) expect_all_ok(run_ranks_as_processes("gloo_hostname_all_reduce", world));
 }
 
 TEST(GlooHostname, UnknownPlacementFallsBackToLoopbackWithAWarning) {
   ENTER_OR_SKIP(enter_uts_namespace(kUnresolvable, &why));
   // No store host, placement unknown: what a program that builds GlooBackend itself gets.
   ::testing::internal::CaptureStderr();
-  const auto address = detail::choose_device_address(GlooBackendOptions(), 0, 0);
+  const auto address = detail::choose_device_addresses(GlooBackendOptions(), 1, 0).at(0);
   const std::string warning = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(address.address, "127.0.0.1");
   EXPECT_NE(warning.find("GLOO_SOCKET_IFNAME"), std::string::npos) << warning;
@@ -111,7 +103,7 @@ TEST(GlooHostname, UnknownPlacementFallsBackToLoopbackWithAWarning) {
   ProcessOptions options;
   options.env["MASTER_ADDR"] = "localhost";
   options.env["LOCAL_WORLD_SIZE"] = "";  // placement unknown to the ranks
-  expect_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 2, options));
+  expect_all_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 2, options));
 }
 
 void expect_clear_error_on_every_rank(int world) {
@@ -140,25 +132,27 @@ TEST(GlooHostname, StoreOnLoopbackMeansOneHostWhateverLocalWorldSizeSays) {
   ENTER_OR_SKIP(enter_uts_namespace(kUnresolvable, &why));
   ProcessOptions options;
   options.env["LOCAL_WORLD_SIZE"] = "2";
-  expect_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 4, options));
+  expect_all_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 4, options));
 }
 
 TEST(GlooHostname, LoopbackOnlyNetworkRunsASingleHostJob) {
   ENTER_OR_SKIP(enter_loopback_only_network(&why));
-  expect_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 2));
+  expect_all_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 2));
   ENTER_OR_SKIP(enter_uts_namespace(kUnresolvable, &why));
-  expect_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 3));
+  expect_all_ok(run_ranks_as_processes("gloo_hostname_all_reduce", 3));
   expect_clear_error_on_every_rank(2);
 }
 
 TEST(GlooDeviceAddress, ExplicitChoicesWin) {
   GlooBackendOptions options;
   options.interfaces({"lo", "eth9"});
-  EXPECT_EQ(detail::choose_device_address(options, 1, 0).interface, "eth9");
-  EXPECT_EQ(detail::choose_device_address(GlooBackendOptions().hostname("127.0.0.1"), 0, 0).address,
+  EXPECT_EQ(detail::choose_device_addresses(options, 2, 0).at(1).interface, "eth9");
+  EXPECT_EQ(detail::choose_device_addresses(GlooBackendOptions().hostname("127.0.0.1"), 1, 0)
+                .at(0)
+                .address,
             "127.0.0.1");
   try {
-    detail::choose_device_address(GlooBackendOptions().hostname(kUnresolvable), 0, 2);
+    detail::choose_device_addresses(GlooBackendOptions().hostname(kUnresolvable), 1, 2);
     ADD_FAILURE() << "an unresolvable hostname option was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
@@ -172,9 +166,11 @@ TEST(GlooDeviceAddress, RouteToTheStoreHost) {
   EXPECT_TRUE(detail::is_loopback("127.0.1.1"));
   EXPECT_TRUE(detail::is_loopback("::1"));
   EXPECT_FALSE(detail::is_loopback("10.1.2.3"));
-  const auto chosen = detail::choose_device_address(
-      GlooBackendOptions().store_host("127.0.0.1").single_host(true), 0, 0);
-  EXPECT_EQ(chosen.address, "127.0.0.1");
+  const auto chosen = detail::choose_device_addresses(
+      GlooBackendOptions().store_host("127.0.0.1").single_host(true), 2, 0);
+  ASSERT_EQ(chosen.size(), 2u);
+  EXPECT_EQ(chosen.at(0).address, "127.0.0.1");
+  EXPECT_EQ(chosen.at(1).address, "127.0.0.1");
 }
 
 }  // namespace

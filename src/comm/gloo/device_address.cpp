@@ -93,13 +93,13 @@ bool is_loopback(const std::string& address) {
   return false;
 }
 
-gloo_transport::DeviceAddress choose_device_address(const GlooBackendOptions& options, int channel,
-                                                    int rank) {
+namespace {
+
+// The one numeric address every channel binds when no interface is given.
+std::string choose_address(const GlooBackendOptions& options, int rank) {
   const std::string who = "rank " + std::to_string(rank) + ": ";
-  if (!options.interfaces().empty())
-    return {options.interfaces()[channel % options.interfaces().size()], ""};
   if (!options.hostname().empty()) {
-    if (auto address = bindable_address_of(options.hostname())) return {"", *address};
+    if (auto address = bindable_address_of(options.hostname())) return *address;
     TDIST_THROW(InvalidArgument, who + "gloo cannot bind the host name '" + options.hostname() +
                                      "': it does not resolve to an address of this machine; "
                                      "give an address of this host or set GLOO_SOCKET_IFNAME");
@@ -108,14 +108,14 @@ gloo_transport::DeviceAddress choose_device_address(const GlooBackendOptions& op
     // The address this host uses to reach the store's host is one the other hosts can reach
     // back, whatever the machine's host name says; and when that is loopback, the store
     // itself is only reachable from this host, so every rank that reached it is here.
-    if (auto address = local_address_toward(options.store_host())) return {"", *address};
+    if (auto address = local_address_toward(options.store_host())) return *address;
   }
   // Several hosts for all we know: LOCAL_WORLD_SIZE < WORLD_SIZE (ranks meeting through a
   // file:// store, say). Loopback cannot serve them.
   const bool several_hosts = options.single_host().has_value() && !*options.single_host();
   const std::string name = host_name();
   const auto own = bindable_address_of(name);
-  if (own && (!is_loopback(*own) || !several_hosts)) return {"", *own};
+  if (own && (!is_loopback(*own) || !several_hosts)) return *own;
   std::string why = "the host name '" + name + "' " +
                     (own ? "resolves only to the loopback address " + *own
                          : std::string("does not resolve to an address of this machine"));
@@ -123,13 +123,28 @@ gloo_transport::DeviceAddress choose_device_address(const GlooBackendOptions& op
     why += " and no route leads to the store host '" + options.store_host() + "' (MASTER_ADDR)";
   if (!several_hosts) {
     warn_loopback_once(who + why);
-    return {"", "127.0.0.1"};
+    return "127.0.0.1";
   }
   TDIST_THROW(InvalidArgument,
               who + "gloo has no address other hosts can reach: " + why +
                   ", and this job runs on several hosts (LOCAL_WORLD_SIZE < WORLD_SIZE). Set "
                   "GLOO_SOCKET_IFNAME to the network interface to use (see `ip addr`), or map "
                   "the host name to this machine's address in /etc/hosts");
+}
+
+}  // namespace
+
+std::vector<gloo_transport::DeviceAddress> choose_device_addresses(
+    const GlooBackendOptions& options, int channels, int rank) {
+  const auto& interfaces = options.interfaces();
+  std::vector<gloo_transport::DeviceAddress> out;
+  if (!interfaces.empty()) {
+    for (int c = 0; c < channels; ++c) out.push_back({interfaces[c % interfaces.size()], ""});
+    return out;
+  }
+  // Resolved once: every channel binds the same address.
+  out.assign(channels, {"", choose_address(options, rank)});
+  return out;
 }
 
 }  // namespace tdist::detail

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/gloo/transport/transport.h"
 #include "tdist/comm/gloo_backend.h"
@@ -25,13 +26,13 @@ std::optional<std::string> bindable_address_of(const std::string& name);
 /// Whether `address` (numeric) is a loopback address (127.0.0.0/8, ::1).
 bool is_loopback(const std::string& address);
 
-/// The device for `channel` of rank `rank`: the interface from GLOO_SOCKET_IFNAME, else the
-/// given hostname, else the address that routes to the store host (loopback when the store
-/// is on loopback: then every rank is on this host), else the machine's host name (not a
-/// loopback address when the job spans hosts), else loopback when the job may be on one host
-/// (with one warning); otherwise throws InvalidArgument naming the host name and
-/// GLOO_SOCKET_IFNAME.
-gloo_transport::DeviceAddress choose_device_address(const GlooBackendOptions& options, int channel,
-                                                    int rank);
+/// The devices of rank `rank`'s `channels` channels: the interfaces from GLOO_SOCKET_IFNAME
+/// (round-robin), else one address for all of them: the given hostname, else the address that
+/// routes to the store host (loopback when the store is on loopback: then every rank is on
+/// this host), else the machine's host name (not a loopback address when the job spans
+/// hosts), else loopback when the job may be on one host (with one warning); otherwise throws
+/// InvalidArgument naming the host name and GLOO_SOCKET_IFNAME.
+std::vector<gloo_transport::DeviceAddress> choose_device_addresses(
+    const GlooBackendOptions& options, int channels, int rank);
 
 }  // namespace tdist::detail

@@ -35,12 +35,11 @@ class StoreAdapter final : public gloo_transport::KeyValueStore {
 constexpr uint64_t kProbeSlot = (uint64_t(1) << 62) + 7;
 
 std::unique_ptr<gloo_transport::Context> connect_channel(gloo_transport::Module& module,
-                                                         const GlooBackendOptions& options,
+                                                         const gloo_transport::DeviceAddress& where,
                                                          StoreAdapter& store, int channel, int rank,
                                                          int size,
                                                          std::chrono::milliseconds timeout) {
   using gloo_transport::TransportError;
-  const gloo_transport::DeviceAddress where = choose_device_address(options, channel, rank);
   const std::string who = "rank " + std::to_string(rank);
   try {
     return module.connect(where, store, "gloo/ch" + std::to_string(channel), rank, size, timeout);
@@ -60,6 +59,10 @@ std::unique_ptr<gloo_transport::Context> connect_channel(gloo_transport::Module&
                                     "; check that every rank started and that the network "
                                     "(GLOO_SOCKET_IFNAME) is reachable");
     }
+    TDIST_THROW(DistBackendError, who + ": gloo connect failed: " + e.what());
+  } catch (const tdist::Error&) {
+    throw;  // the store's own (a peer that never wrote its address: TimeoutError)
+  } catch (const std::exception& e) {
     TDIST_THROW(DistBackendError, who + ": gloo connect failed: " + e.what());
   }
 }
@@ -84,8 +87,9 @@ GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds t
   const int channels = std::max(1, options.channels());
   gloo_transport::Module& module = gloo_transport::module();
   StoreAdapter adapter(store);
+  const auto addresses = choose_device_addresses(options, channels, rank);
   for (int c = 0; c < channels; ++c)
-    contexts_.push_back(connect_channel(module, options, adapter, c, rank, size, timeout));
+    contexts_.push_back(connect_channel(module, addresses[c], adapter, c, rank, size, timeout));
   for (auto& context : contexts_) probes_.push_back(context->buffer(&probe_byte_, 1));
   if (options.shared_memory()) shm_ = ShmArena::connect(store, rank, size, timeout);
   watchdog_ = std::thread([this] {

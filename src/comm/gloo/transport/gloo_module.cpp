@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
@@ -17,17 +18,18 @@
 namespace tdist::detail::gloo_transport {
 namespace {
 
-// Runs `body`, turning whatever Gloo throws into a TransportError of `kind` (IoException:
-// kIo, whatever `kind` says otherwise).
+// Runs `body`, turning what Gloo throws into a TransportError of `kind` (IoException: kIo,
+// whatever `kind` says otherwise). Anything else passes through as it is: the rendezvous
+// store's own errors (tdist's, thrown by the engine's KeyValueStore) keep their type.
 template <typename Body>
 auto translated(TransportError::Kind kind, Body&& body) -> decltype(body()) {
   try {
     return body();
-  } catch (const TransportError&) {
-    throw;
   } catch (const gloo::IoException& e) {
     throw TransportError(TransportError::Kind::kIo, e.what());
-  } catch (const std::exception& e) {
+  } catch (const gloo::Exception& e) {
+    throw TransportError(kind, e.what());
+  } catch (const gloo::EnforceNotMet& e) {
     throw TransportError(kind, e.what());
   }
 }
