@@ -4,11 +4,17 @@
 # builds on; its Python runs the side-by-side benchmarks and interchange tests), then
 # configures and builds the project (Release-with-debug-info, Ninja, ccache).
 # Re-running it downloads nothing and rebuilds only what changed.
-# Usage: tools/setup.sh [build-dir] [targets...]   (default: build, every target)
+# Usage: tools/setup.sh [build-dir] [targets...|all]
+#   default: build/, and only what tools/quickstart.sh runs (the libraries, tdistrun, gpt);
+#   `all` builds every target (tests, benchmarks, fuzzers), as tools/test.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 shift || true
+QUICKSTART_TARGETS=(tdistrun gpt)
+TARGETS=("$@")
+((${#TARGETS[@]})) || TARGETS=("${QUICKSTART_TARGETS[@]}")
+[ "${TARGETS[*]}" = all ] && TARGETS=()
 TORCH_PIN=$(tr -d '[:space:]' < tools/torch-version.txt)
 
 PACKAGES=(
@@ -52,6 +58,6 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   echo "== configuring $BUILD_DIR"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-echo "== building ${*:-everything} (a while on 2 cores the first time: LibTorch headers are heavy)"
+echo "== building ${TARGETS[*]:-every target} (a while on 2 cores the first time: LibTorch headers are heavy)"
 # Two compile jobs at most: each LibTorch translation unit needs ~1.5 GB of memory.
-cmake --build "$BUILD_DIR" -j "$(( $(nproc) < 2 ? 1 : 2 ))" ${*:+--target "$@"}
+cmake --build "$BUILD_DIR" -j "$(( $(nproc) < 2 ? 1 : 2 ))" ${TARGETS[@]:+--target "${TARGETS[@]}"}

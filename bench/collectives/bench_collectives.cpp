@@ -238,6 +238,16 @@ Result measure(Impl& impl, tdist::CollectiveBackend& sync, const std::string& op
   return m.finish(sync, rank, n);
 }
 
+// Untimed rounds of `op` at the sweep's first size before any timed size: the first calls of
+// an op pay for connections, segments and first touches of memory, which made the first row
+// of a sweep read several times slower than the same size in a rerun.
+void warm_up(Impl& impl, tdist::CollectiveBackend& sync, const std::string& op, int64_t bytes,
+             int n) {
+  constexpr int kWarmUpRounds = 3;
+  Measurement m(impl, op, bytes, n);
+  for (int round = 0; round < kWarmUpRounds; ++round) m.round(sync);
+}
+
 int child(const Config& cfg, int rank, const std::string& dir) {
   const int n = cfg.world;
   auto store =
@@ -253,6 +263,8 @@ int child(const Config& cfg, int rank, const std::string& dir) {
   if (rank == 0) rows.open(dir + "/tdist.tsv");
   int64_t wrong = 0;
   for (const auto& op : cfg.ops) {
+    warm_up(mine, *mine.b, op, cfg.min_bytes, n);
+    if (symm.symmetric) warm_up(symm, *mine.b, op, cfg.min_bytes, n);
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       Result a = measure(mine, *mine.b, op, bytes, rank, n);
       Result y;
@@ -327,6 +339,9 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   }
   int64_t wrong = 0;
   for (const auto& op : cfg.ops) {
+    warm_up(mpi, *gloo.b, op, cfg.min_bytes, n);
+    warm_up(gloo, *gloo.b, op, cfg.min_bytes, n);
+    if (msym.symmetric) warm_up(msym, *gloo.b, op, cfg.min_bytes, n);
     for (int64_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= cfg.step) {
       // Note [Interleaved rounds]: the MPI op, the Gloo op and memcpy take turns round by
       // round, so each ratio compares them under the same conditions (this machine's memory

@@ -67,6 +67,9 @@ def time_round(iters, body):
     return float(t)
 
 
+WARM_UP_ROUNDS = 3  # as bench_collectives.cpp's warm_up(): untimed, before an op's first size
+
+
 def measure(op, nbytes, rank, n, rounds):
     numel = nbytes // 4 // n * n
     if op == "all_gather_into_tensor":
@@ -109,6 +112,7 @@ def main():
                             rank=rank, world_size=a.world)
     lines = []
     for op in a.ops.split(","):
+        measure(op, a.min_bytes, rank, a.world, WARM_UP_ROUNDS)
         nbytes = a.min_bytes
         while nbytes <= a.max_bytes:
             r = measure(op, nbytes, rank, a.world, a.rounds)

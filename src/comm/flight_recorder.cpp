@@ -200,19 +200,31 @@ std::string flight_recorder_dump() {
   return doc.dump(1);
 }
 
+namespace {
+
+/// Where a dump goes: TDIST_FLIGHT_RECORDER_DIR (tdistrun points it at its log directory), else
+/// the temp directory with the pid in the name, since jobs there share one folder. Never
+/// stderr: the dump is long JSON, and the last lines a rank prints should be its report.
+std::filesystem::path dump_path() {
+  const std::string rank = std::to_string(rank_for_file_name());
+  const char* dir = std::getenv("TDIST_FLIGHT_RECORDER_DIR");
+  if (dir != nullptr && *dir != '\0')
+    return std::filesystem::path(dir) / ("tdist_flight_recorder_rank" + rank + ".json");
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return tmp / "tdist_flight_recorder" /
+         ("rank" + rank + "_pid" + std::to_string(::getpid()) + ".json");
+}
+
+}  // namespace
+
 std::string flight_recorder_dump_to_file() {
   const std::string dump = flight_recorder_dump();
-  const char* dir = std::getenv("TDIST_FLIGHT_RECORDER_DIR");
-  if (dir == nullptr || *dir == '\0') {
-    std::cerr << "tdist flight recorder (rank " << rank_for_file_name() << "):\n"
-              << dump << std::endl;
-    return "";
-  }
   namespace fs = std::filesystem;
+  const fs::path path = dump_path();
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  const fs::path path = fs::path(dir) / ("tdist_flight_recorder_rank" +
-                                         std::to_string(rank_for_file_name()) + ".json");
+  fs::create_directories(path.parent_path(), ec);
   // Write then rename, so a reader never sees half a dump.
   const fs::path tmp = path.string() + ".tmp" + std::to_string(::getpid());
   {

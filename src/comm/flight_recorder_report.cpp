@@ -326,8 +326,9 @@ std::string handle_failure(uint64_t id, const GroupRef& pg, const std::exception
       auto others = gather_progress(pg, wait);
       report = build_report(pg, id, mine, others, wait);
       flight_record_set_report(report);
-      std::cerr << "tdist: " << report << std::flush;
+      // The dump's path first, the explanation last: launchers show a failed rank's last lines.
       flight_recorder_dump_to_file();
+      std::cerr << "tdist: " << report << std::flush;
     }
   } catch (const std::exception& e) {
     std::cerr << "tdist flight recorder: the report failed: " << e.what() << "\n";

@@ -65,7 +65,9 @@ StorePtr make_tcp_store(const std::string& how, const std::string& host, int por
       .num_workers(world_size)
       .wait_for_workers(false)
       .timeout(timeout)
-      .bind_address(host);
+      .bind_address(host)
+      .client_name("rank " + std::to_string(rank))
+      .server_name("rank 0");
   const std::string where = host + ":" + std::to_string(port);
   try {
     return std::make_shared<TCPStore>(host, opts);

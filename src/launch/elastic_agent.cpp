@@ -121,6 +121,11 @@ std::vector<std::string> ElasticAgent::worker_env(const RendezvousInfo& info,
   // Workers create their own store (rank 0 hosts it at MASTER_PORT), not the agent's.
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (!secret_file_.empty()) set("TDIST_STORE_SECRET_FILE", secret_file_);
+  // A rank that times out dumps its flight recorder beside its logs.
+  if (!log_root_.empty() && !env.count("TDIST_FLIGHT_RECORDER_DIR")) {
+    set("TDIST_FLIGHT_RECORDER_DIR",
+        (std::filesystem::path(log_root_) / ("attempt_" + std::to_string(info.round))).string());
+  }
   // As torchrun: several workers per node each get one OpenMP thread unless told otherwise.
   if (info.local_world_size > 1 && !env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
   std::vector<std::string> out;

@@ -15,8 +15,14 @@ std::unique_ptr<Rendezvous> make_rendezvous(const LaunchConfig& config) {
   }
   // The rendezvous store authenticates with TDIST_STORE_SECRET(_FILE) when the launcher's
   // environment has one (TCPStore reads it); give every node the same one.
-  auto options =
-      TCPStoreOptions().port(config.rdzv_port).wait_for_workers(false).timeout(config.join_timeout);
+  auto options = TCPStoreOptions()
+                     .port(config.rdzv_port)
+                     .wait_for_workers(false)
+                     .timeout(config.join_timeout)
+                     .client_name(config.rendezvous_mode() == RendezvousMode::kStatic
+                                      ? "tdistrun node " + std::to_string(config.node_rank)
+                                      : std::string("tdistrun"))
+                     .server_name("the rendezvous host");
   const std::string endpoint = config.rdzv_host + ":" + std::to_string(config.rdzv_port);
   StorePtr store;
   bool is_host = false;

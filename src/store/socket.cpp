@@ -121,8 +121,18 @@ Socket listen_on(const std::string& address, int port, int* bound_port) {
                               "; check that the address belongs to this machine");
 }
 
-Socket connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout) {
+std::string duration_text(std::chrono::milliseconds d) {
+  const auto ms = d.count();
+  if (ms != 0 && ms % 60000 == 0) return std::to_string(ms / 60000) + " min";
+  if (ms != 0 && ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
+
+Socket connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                          const SlowConnectNotice& notice) {
+  const auto start = Clock::now();
   const Deadline deadline = deadline_after(timeout);
+  bool noticed = notice.after.count() <= 0 || !notice.say;
   const std::string where = host + ":" + std::to_string(port);
   std::string last_error = "no attempt made";
   auto backoff = std::chrono::milliseconds(10);
@@ -159,11 +169,16 @@ Socket connect_with_retry(const std::string& host, int port, std::chrono::millis
       }
     }
     if (Clock::now() + backoff >= deadline) break;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    if (!noticed && waited >= notice.after) {
+      noticed = true;
+      notice.say(waited);
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
   TDIST_THROW(StoreError, "could not connect to the store at " + where + " within " +
-                              std::to_string(timeout.count()) + " ms (last error: " + last_error +
+                              duration_text(timeout) + " (last error: " + last_error +
                               ") — is rank 0 running and are MASTER_ADDR/MASTER_PORT right?");
 }
 

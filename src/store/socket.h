@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace tdist::detail {
@@ -46,9 +47,19 @@ class Socket {
 /// Throws StoreError naming the port when it is already in use.
 Socket listen_on(const std::string& address, int port, int* bound_port);
 
+/// Called once when a connection attempt is still retrying after `after`.
+struct SlowConnectNotice {
+  std::chrono::milliseconds after{0};  // 0: never
+  std::function<void(std::chrono::milliseconds waited)> say;
+};
+
 /// Connects to host:port, retrying refused/unreachable attempts until the deadline, then
 /// throws StoreError naming host:port and the timeout.
-Socket connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout);
+Socket connect_with_retry(const std::string& host, int port, std::chrono::milliseconds timeout,
+                          const SlowConnectNotice& notice = {});
+
+/// "250 ms", "5 s", "30 min": a duration as a person would write it.
+std::string duration_text(std::chrono::milliseconds d);
 
 /// Sends or receives exactly `size` bytes before the deadline; throws StoreError if the peer
 /// closed or failed, TimeoutError past the deadline. `what` names the operation in messages.

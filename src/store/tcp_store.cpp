@@ -1,5 +1,7 @@
 #include "tdist/store/tcp_store.h"
 
+#include <iostream>
+
 #include "store/reserved_keys.h"
 #include "store/store_auth.h"
 #include "store/tcp_store_client.h"
@@ -40,6 +42,20 @@ int64_t int_of(const std::vector<uint8_t>& body, const char* op) {
   return static_cast<int64_t>(detail::store_proto::get_u64(body.data()));
 }
 
+/// What a client prints once while its server has not appeared yet.
+detail::SlowConnectNotice waiting_for_server_notice(const TCPStoreOptions& options,
+                                                    const std::string& where) {
+  std::string text = (options.client_name().empty() ? "tdist" : options.client_name()) +
+                     ": waiting for the store at " + where;
+  if (!options.server_name().empty()) text += " (" + options.server_name() + " hosts it)";
+  const std::string timeout = detail::duration_text(options.timeout());
+  return {options.notice_after(), [text, timeout](std::chrono::milliseconds waited) {
+            std::cerr << text + "; " + std::to_string(waited.count() / 1000) +
+                             " s so far, timeout " + timeout + "\n"
+                      << std::flush;
+          }};
+}
+
 }  // namespace
 
 TCPStore::TCPStore(const std::string& host, const TCPStoreOptions& options)
@@ -65,7 +81,8 @@ TCPStore::TCPStore(const std::string& host, const TCPStoreOptions& options)
       connect_host = bind == "::" ? "::1" : "127.0.0.1";
   }
   client_ = std::make_unique<Client>(connect_host, port_, options.timeout(), secret, limits);
-  client_->connect_now();
+  client_->connect_now(options.is_server() ? detail::SlowConnectNotice{}
+                                           : waiting_for_server_notice(options, client_->where()));
 
   // Every process counts itself in; the server waits until num_workers have (like c10d).
   const std::string joined = detail::kReservedKeyPrefix + "joined";

@@ -20,8 +20,8 @@ TcpStoreClient::TcpStoreClient(std::string host, int port,
       secret_(std::move(secret)),
       limits_(limits) {}
 
-Socket TcpStoreClient::open() {
-  Socket sock = connect_with_retry(host_, port_, connect_timeout_);
+Socket TcpStoreClient::open(const SlowConnectNotice& notice) {
+  Socket sock = connect_with_retry(host_, port_, connect_timeout_, notice);
   const Deadline deadline = deadline_after(connect_timeout_);
   const std::string what = "TCPStore handshake with " + where();
   uint8_t hello[store_proto::kHelloBytes];
@@ -82,8 +82,8 @@ Socket TcpStoreClient::open() {
   return sock;
 }
 
-void TcpStoreClient::connect_now() {
-  Socket sock = open();
+void TcpStoreClient::connect_now(const SlowConnectNotice& notice) {
+  Socket sock = open(notice);
   std::lock_guard<std::mutex> lock(mutex_);
   idle_.push_back(std::move(sock));
 }

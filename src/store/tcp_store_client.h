@@ -26,13 +26,14 @@ class TcpStoreClient {
   /// Sends one request and reads its reply before `io_timeout` (<= 0: no limit).
   Reply call(const store_proto::Request& request, std::chrono::milliseconds io_timeout);
 
-  /// Opens (and authenticates) one connection now, so errors surface at construction.
-  void connect_now();
+  /// Opens (and authenticates) one connection now, so errors surface at construction;
+  /// `notice` speaks up if the server is slow to appear.
+  void connect_now(const SlowConnectNotice& notice = {});
 
   std::string where() const { return host_ + ":" + std::to_string(port_); }
 
  private:
-  Socket open();
+  Socket open(const SlowConnectNotice& notice = {});
   void check_limits(const store_proto::Request& request) const;
   std::string host_;
   int port_;

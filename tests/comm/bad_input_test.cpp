@@ -203,6 +203,36 @@ TEST(BadInput, UnreachableMasterNamesHostPortWithinTimeout) {
   EXPECT_FALSE(is_initialized());
 }
 
+size_t count_of(const std::string& text, const std::string& fragment) {
+  size_t n = 0;
+  for (size_t at = text.find(fragment); at != std::string::npos; at = text.find(fragment, at + 1))
+    ++n;
+  return n;
+}
+
+TEST(BadInput, RankWaitingForItsMasterSaysOnceWhatItWaitsFor) {
+  const int port = free_port();  // nobody listens there
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  EnvGuard guard({{"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(port).c_str()},
+                  {"RANK", "1"},
+                  {"WORLD_SIZE", "2"}});
+  ::testing::internal::CaptureStderr();
+  // Past the notice's 5 s, so the notice must appear before the error.
+  const std::string error =
+      error_of([&] { init_process_group(test_init_options().timeout(std::chrono::seconds(7))); });
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count_of(said, "waiting for the store"), 1u) << said;
+  EXPECT_NE(said.find("rank 1: waiting for the store at " + where +
+                      " (rank 0 hosts it); 5 s so far, "
+                      "timeout 7 s"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(error.find(where), std::string::npos) << error;
+  EXPECT_NE(error.find("within 7 s"), std::string::npos) << error;
+  EXPECT_FALSE(is_initialized());
+}
+
 TEST(BadInput, PortInUseIsNamed) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

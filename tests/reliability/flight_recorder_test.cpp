@@ -1,7 +1,8 @@
 // The flight recorder (include/tdist/comm/flight_recorder.h): what one record holds, the
 // ring's capacity, labels, the JSON dump; and, with real processes over Gloo, a rank that
 // falls behind (skips a collective, or is SIGSTOPped) makes the others time out, dump their
-// records and report which rank is behind and before which label.
+// records and report which rank is behind and before which label; under tdistrun, the
+// failure summary ends with that report.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/run_process.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
@@ -159,6 +161,8 @@ TDIST_SCENARIO(fr_lagging_rank) {
   const int victim = world - 1;
   const std::string mode = std::getenv("LAG_MODE");
   const std::string dir = std::getenv("TDIST_FLIGHT_RECORDER_DIR");
+  // Under tdistrun the error leaves the program, as it would a user's training job.
+  const bool rethrow = std::getenv("LAG_RETHROW") != nullptr;
   init_process_group(InitProcessGroupOptions().backend("gloo").timeout(kTimeout));
   try {
     for (int step = 0; step < 5; ++step) {
@@ -178,6 +182,7 @@ TDIST_SCENARIO(fr_lagging_rank) {
     }
     ADD_FAILURE() << "rank " << rank << ": every collective completed despite the lagging rank";
   } catch (const TimeoutError& e) {
+    if (rethrow) throw;
     std::cout << "rank " << rank << " caught TimeoutError: " << e.what() << std::endl;
   } catch (const Error& e) {
     std::cout << "rank " << rank << " caught: " << e.what() << std::endl;
@@ -257,6 +262,53 @@ TEST(FlightRecorder, ReportNamesTheRankThatSkippedACollective) {
 
 TEST(FlightRecorder, ReportNamesAFrozenRank) {
   run_lagging(3, "sigstop");
+}
+
+// tdistrun shows a failed rank's last lines: they must be the report that explains the
+// timeout, not the tail of the JSON dump, which goes to a file in the log directory.
+TEST(FlightRecorder, TdistrunSummaryEndsWithTheReportAndTheDumpIsBesideTheLogs) {
+  const std::string logs = make_temp_dir("fr-tdistrun");
+  const std::vector<std::string> argv = {launch::testing::tdistrun(),
+                                         "--standalone",
+                                         "--nproc-per-node",
+                                         "3",
+                                         "--monitor-interval",
+                                         "0.05",
+                                         "--stop-timeout",
+                                         "3",
+                                         "--log-dir",
+                                         logs,
+                                         "--rdzv-id",
+                                         "job",
+                                         "--tee",
+                                         "3",
+                                         TEST_BINARY_PATH};
+  auto r = launch::testing::run(argv,
+                                {{"TDIST_TEST_SCENARIO", "fr_lagging_rank"},
+                                 {"LAG_MODE", "skip"},
+                                 {"LAG_RETHROW", "1"},
+                                 {"OMP_NUM_THREADS", "1"}},
+                                120s);
+  const std::string all = "--- stdout\n" + r.out + "--- stderr\n" + r.err;
+  ASSERT_NE(r.exit_code, 0) << all;
+  const auto at = r.err.find("first failure: rank ");
+  ASSERT_NE(at, std::string::npos) << all;
+  const std::string summary = r.err.substr(at);
+  const int failed = std::atoi(summary.c_str() + std::string("first failure: rank ").size());
+  EXPECT_NE(failed, 2) << "the lagging rank is not the one that times out\n" << all;
+  EXPECT_NE(summary.find("rank 2 is behind"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("\"state\""), std::string::npos) << summary;
+  EXPECT_EQ(r.err.find("\"records\""), std::string::npos) << "the dump went to the console\n"
+                                                          << all;
+  const std::string dump_dir = logs + "/job/attempt_0";
+  auto dump = read_dump(dump_dir, failed);
+  ASSERT_TRUE(dump.is_object()) << "rank " << failed << " wrote no dump in " << dump_dir << "\n"
+                                << all;
+  EXPECT_NE(dump["report"].get<std::string>().find("rank 2 is behind"), std::string::npos);
+  EXPECT_NE(all.find("dumped"), std::string::npos) << all;
+  EXPECT_NE(all.find(dump_dir + "/tdist_flight_recorder_rank" + std::to_string(failed) + ".json"),
+            std::string::npos)
+      << all;
 }
 
 }  // namespace

@@ -108,6 +108,41 @@ TEST(TCPStore, UnreachableMasterErrorNamesHostPortWithinTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
 }
 
+TEST(TCPStore, ClientStartedBeforeItsServerSaysSoOnceAndKeepsWaiting) {
+  const int port = tdist::testing::free_port();
+  std::unique_ptr<TCPStore> server;
+  std::thread late_server([&server, port] {
+    std::this_thread::sleep_for(1500ms);
+    server = std::make_unique<TCPStore>("127.0.0.1", server_options().port(port));
+  });
+  ::testing::internal::CaptureStderr();
+  {
+    TCPStore client("127.0.0.1", TCPStoreOptions()
+                                     .port(port)
+                                     .timeout(30s)
+                                     .notice_after(200ms)
+                                     .client_name("worker 7")
+                                     .server_name("the coordinator"));
+    late_server.join();
+    client.set("k", std::string("v"));
+    EXPECT_EQ(server->get_string("k"), "v");
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  const std::string notice =
+      "worker 7: waiting for the store at 127.0.0.1:" + std::to_string(port) +
+      " (the coordinator hosts it); 0 s so far, timeout 30 s";
+  EXPECT_NE(said.find(notice), std::string::npos) << said;
+  EXPECT_EQ(said.find("waiting for the store"), said.rfind("waiting for the store")) << said;
+}
+
+TEST(TCPStore, ClientWithTheNoticeOffSaysNothing) {
+  const int port = tdist::testing::free_port();
+  ::testing::internal::CaptureStderr();
+  EXPECT_THROW(TCPStore("127.0.0.1", TCPStoreOptions().port(port).timeout(600ms).notice_after(0ms)),
+               tdist::StoreError);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 TEST(TCPStore, PortInUseIsAClearError) {
   TCPStore first("127.0.0.1", server_options());
   try {

@@ -69,8 +69,10 @@ std::vector<CollectiveRecord> flight_recorder_records();
 /// The records (and the last report, if any) as a JSON document.
 std::string flight_recorder_dump();
 
-/// Writes flight_recorder_dump() to TDIST_FLIGHT_RECORDER_DIR (returns the file's path) or,
-/// when that is unset, to stderr (returns "").
+/// Writes flight_recorder_dump() atomically to
+/// `$TDIST_FLIGHT_RECORDER_DIR/tdist_flight_recorder_rank<R>.json` or, when that is unset, to
+/// `<temp dir>/tdist_flight_recorder/rank<R>_pid<P>.json`; prints and returns the path. Only
+/// when the file cannot be written does the dump go to stderr (returns "").
 std::string flight_recorder_dump_to_file();
 
 /// The report written after the last timeout ("" if none happened).

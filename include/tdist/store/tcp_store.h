@@ -28,6 +28,13 @@ struct TCPStoreOptions {
   /// Shared secret for challenge-response authentication; empty: read TDIST_STORE_SECRET
   /// or the file named by TDIST_STORE_SECRET_FILE; still empty: no authentication.
   TDIST_ARG(std::string, secret) = "";
+  /// A client still waiting for its server after `notice_after` says so once on stderr
+  /// (what it waits for, how long so far, the timeout) and keeps waiting, so a process
+  /// started before its server is not silent. 0: never. `client_name` / `server_name`
+  /// name the two ends in that notice (for example "rank 1" and "rank 0").
+  TDIST_ARG(std::chrono::milliseconds, notice_after) = std::chrono::seconds(5);
+  TDIST_ARG(std::string, client_name) = "";
+  TDIST_ARG(std::string, server_name) = "";
   /// Largest key and value accepted, in bytes.
   TDIST_ARG(size_t, max_key_bytes) = 4096;
   TDIST_ARG(size_t, max_value_bytes) = 256 * 1024 * 1024;
