@@ -243,7 +243,9 @@ void prepare_for_write(const ModuleEntries& me, const char* op) {
 std::optional<ShardedTensor> slice_of(const at::Tensor& local, const ShardLayout& layout) {
   if (layout.shape.empty()) {
     if (layout.local_rows == 0) return std::nullopt;
-    return ShardedTensor::whole(local.view({}));
+    // Not view({}): braces select Tensor::view(ScalarType), value-initialised to kByte, which
+    // reinterprets the scalar's bytes as a uint8 vector.
+    return ShardedTensor::whole(local.reshape(at::IntArrayRef{}));
   }
   std::vector<int64_t> offsets(layout.shape.size(), 0);
   offsets[0] = layout.row_offset;

@@ -13,6 +13,7 @@
 #include "support/ranks.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/interchange.h"
+#include "tdist/checkpoint/metadata.h"
 #include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/ddp/distributed_data_parallel.h"
@@ -202,6 +203,106 @@ TEST(FSDPCheckpoint, SavedAtFourLoadsAtOne) {
   save_at(dir, 4);
   load_at(dir, 1, "fsdp", false);
   load_plain(dir);
+}
+
+// A learnable scalar (a 0-dim parameter) through FSDP's save at several world sizes: the
+// checkpoint describes it, and its optimizer state, as float32 scalars (no rank owns "rows"
+// of it), read_full_tensors returns scalars, and it loads back into FSDP and plain models.
+struct ScaledImpl : torch::nn::Module {
+  ScaledImpl() {
+    linear = register_module("linear", torch::nn::Linear(5, 7));
+    scale = register_parameter("scale", torch::tensor(1.5));
+  }
+  at::Tensor forward(const at::Tensor& x) { return linear->forward(x) * scale; }
+  torch::nn::Linear linear{nullptr};
+  at::Tensor scale;
+};
+TORCH_MODULE(Scaled);
+
+Scaled make_scaled(uint64_t seed) {
+  torch::manual_seed(seed);
+  return Scaled();
+}
+
+void scaled_step(Scaled& m, torch::optim::Optimizer& opt) {
+  torch::manual_seed(77);
+  at::Tensor x = torch::randn({6, 5});
+  opt.zero_grad();
+  fsdp::forward(m, x).pow(2).mean().backward();
+  opt.step();
+}
+
+TDIST_SCENARIO(ck_scalar_param) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const std::string dir = env_str("CK_DIR");
+  Scaled m = make_scaled(5);
+  fsdp::fully_shard(m);
+  auto opt =
+      std::make_unique<torch::optim::AdamW>(m->parameters(), torch::optim::AdamWOptions(0.1));
+  scaled_step(m, *opt);
+  if (env_str("CK_MODE") == "save") {
+    save_module(*m, opt.get(), {}, dir + "/ckpt", SaveOptions().fsync(false));
+    const auto full = fsdp::StateDictOptions().full_state_dict(true);
+    auto model = fsdp::get_model_state_dict(*m, full);
+    auto optim = fsdp::get_optimizer_state_dict(*m, *opt, full);
+    if (get_rank() == 0) {
+      torch::save(model.at("scale").local, dir + "/scale.pt");
+      torch::save(optim.at("scale.exp_avg").local, dir + "/exp_avg.pt");
+    }
+  } else {
+    load_module(*m, opt.get(), dir + "/ckpt");
+    const auto full = fsdp::StateDictOptions().full_state_dict(true);
+    at::Tensor scale = fsdp::get_model_state_dict(*m, full).at("scale").local;
+    at::Tensor exp_avg = fsdp::get_optimizer_state_dict(*m, *opt, full).at("scale.exp_avg").local;
+    at::Tensor want_scale, want_exp_avg;
+    torch::load(want_scale, dir + "/scale.pt");
+    torch::load(want_exp_avg, dir + "/exp_avg.pt");
+    EXPECT_TRUE(bitwise_equal(scale, want_scale)) << scale << " vs " << want_scale;
+    EXPECT_TRUE(bitwise_equal(exp_avg, want_exp_avg)) << exp_avg << " vs " << want_exp_avg;
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPCheckpoint, AScalarParameterIsSavedAsAScalarAtWorlds1To3) {
+  for (int save_world : {1, 2, 3}) {
+    SCOPED_TRACE("saved at world " + std::to_string(save_world));
+    const std::string dir = tdist::testing::make_temp_dir("ckpt-scalar");
+    tdist::testing::ProcessOptions options;
+    options.env = {{"CK_DIR", dir}, {"CK_MODE", "save"}};
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("ck_scalar_param", save_world, options));
+    const CheckpointMetadata meta = read_metadata(dir + "/ckpt");
+    for (const char* key :
+         {"model.scale", "optim.state.scale.exp_avg", "optim.state.scale.exp_avg_sq"}) {
+      ASSERT_TRUE(meta.tensors.count(key)) << key;
+      EXPECT_EQ(meta.tensors.at(key).dtype, "F32") << key;
+      EXPECT_TRUE(meta.tensors.at(key).global_shape.empty()) << key;
+    }
+    const TensorMap full = read_full_tensors(dir + "/ckpt");
+    at::Tensor want;
+    torch::load(want, dir + "/scale.pt");
+    ASSERT_TRUE(full.count("model.scale"));
+    EXPECT_TRUE(bitwise_equal(full.at("model.scale"), want)) << full.at("model.scale");
+    // And through both export formats.
+    export_torch_file(full, dir + "/export.pt");
+    EXPECT_TRUE(bitwise_equal(import_torch_file(dir + "/export.pt").at("model.scale"), want));
+    save_safetensors(full, dir + "/export.safetensors");
+    EXPECT_TRUE(
+        bitwise_equal(load_safetensors(dir + "/export.safetensors").at("model.scale"), want));
+    for (int load_world : {1, 2, 3}) {
+      SCOPED_TRACE("loaded at world " + std::to_string(load_world));
+      options.env["CK_MODE"] = "load";
+      tdist::testing::expect_all_ok(
+          tdist::testing::run_ranks_as_processes("ck_scalar_param", load_world, options));
+    }
+    // A plain model reads it back too.
+    Scaled plain = make_scaled(9);
+    auto opt =
+        std::make_unique<torch::optim::AdamW>(plain->parameters(), torch::optim::AdamWOptions(0.1));
+    scaled_step(plain, *opt);
+    load_module(*plain, opt.get(), dir + "/ckpt");
+    EXPECT_TRUE(bitwise_equal(plain->scale.detach(), want)) << plain->scale;
+  }
 }
 
 // The CheckpointManager forms of the module adapter (single process, plain model).
