@@ -49,6 +49,28 @@ if(TDIST_WITH_MPI)
   endif()
 endif()
 
+# NCCL (docs/nccl.md): built whenever the LibTorch has CUDA; nothing here needs a GPU to
+# compile or link. One NCCL per process: the one LibTorch's libtorch_cuda loads (a PyPI
+# wheel's nvidia/nccl beside torch/), else the CUDA toolkit's, which then is the only one.
+set(TDIST_HAVE_NCCL OFF)
+if(TDIST_WITH_NCCL AND C10_CUDA_LIBRARY AND TARGET CUDA::cudart)
+  set(_nccl_hints ${TORCH_INSTALL_PREFIX}/../nvidia/nccl ${CUDAToolkit_LIBRARY_ROOT}
+    ${CUDAToolkit_TARGET_DIR})
+  find_path(TDIST_NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
+  find_library(TDIST_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_nccl_hints}
+    PATH_SUFFIXES lib lib64)
+  if(TDIST_NCCL_INCLUDE_DIR AND TDIST_NCCL_LIBRARY)
+    file(STRINGS ${TDIST_NCCL_INCLUDE_DIR}/nccl.h _nccl_version_lines
+      REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*"
+      "\\1.\\2.\\3" TDIST_NCCL_VERSION "${_nccl_version_lines}")
+    set(TDIST_HAVE_NCCL ON)
+    message(STATUS "tdist: NCCL ${TDIST_NCCL_VERSION} (${TDIST_NCCL_LIBRARY}, ${TDIST_NCCL_INCLUDE_DIR})")
+  else()
+    message(STATUS "tdist: LibTorch has CUDA but no nccl.h/libnccl was found; no NCCL backend")
+  endif()
+endif()
+
 # LibTorch's CMake config hands out flags as a string; turn them into a target. Its headers
 # are SYSTEM so that tdist's warnings are about tdist's code.
 if(NOT TARGET tdist_torch)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <mutex>
+#include <utility>
 
 #include "tdist/error.h"
 
@@ -40,7 +41,8 @@ struct Registry {
                                std::chrono::milliseconds timeout) -> CollectiveBackendPtr {
                               return make_gloo_backend(store, rank, size, timeout);
                             },
-                            {"cpu"}};
+                            // CUDA tensors through pinned host memory (host_staged_backend.h).
+                            {"cpu", "cuda"}};
 #endif
   }
 };
@@ -49,6 +51,8 @@ Registry& registry() {
   static Registry instance;
   return instance;
 }
+
+thread_local std::string t_device_id_for_new_backends;
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -218,6 +222,18 @@ std::vector<std::string> backend_devices(const std::string& name) {
   return it == caps.end() ? std::vector<std::string>{} : it->second;
 }
 
+}  // namespace detail
+
+std::string device_id_for_new_backends() {
+  return t_device_id_for_new_backends;
+}
+
+namespace detail {
+NewBackendsDeviceScope::NewBackendsDeviceScope(std::string device_id)
+    : previous_(std::exchange(t_device_id_for_new_backends, std::move(device_id))) {}
+NewBackendsDeviceScope::~NewBackendsDeviceScope() {
+  t_device_id_for_new_backends = std::move(previous_);
+}
 }  // namespace detail
 
 }  // namespace tdist

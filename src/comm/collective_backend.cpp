@@ -1,5 +1,7 @@
 #include "tdist/comm/collective_backend.h"
 
+#include <atomic>
+
 #include "tdist/error.h"
 
 namespace tdist {
@@ -92,6 +94,35 @@ WorkPtr CollectiveBackend::send(const at::Tensor&, int, const SendRecvOptions&) 
 }
 WorkPtr CollectiveBackend::recv(at::Tensor&, int, const SendRecvOptions&) {
   throw_unsupported("recv");
+}
+
+WorkPtr CollectiveBackend::batch_send_recv(std::vector<PointToPoint>& ops,
+                                           const CollectiveOptions& opts) {
+  std::vector<at::Tensor> received;
+  std::vector<WorkPtr> works;
+  for (auto& op : ops) {
+    SendRecvOptions one;
+    one.timeout = opts.timeout;
+    one.tag = opts.tag;
+    one.tag_id = op.tag;
+    if (op.is_send) {
+      works.push_back(send(op.tensor, op.peer, one));
+    } else {
+      works.push_back(recv(op.tensor, op.peer, one));
+      received.push_back(op.tensor);
+    }
+  }
+  // One Work for the batch: done when every part is, failed with the first part's error.
+  auto batch = std::make_shared<Work>("batch_isend_irecv", received);
+  auto left = std::make_shared<std::atomic<size_t>>(works.size());
+  if (works.empty()) batch->finish();
+  for (auto& w : works) {
+    w->then([batch, left](Work& part) {
+      if (auto error = part.exception()) batch->finish_with_error(error);
+      if (left->fetch_sub(1) == 1) batch->finish();
+    });
+  }
+  return batch;
 }
 
 }  // namespace tdist

@@ -433,6 +433,51 @@ WorkPtr point_to_point(bool is_send, const at::Tensor& tensor, int peer,
 }
 }  // namespace
 
+P2POp::P2POp(Function op_, at::Tensor tensor_, int peer_, ProcessGroupPtr group_, int tag_)
+    : op(op_), tensor(std::move(tensor_)), peer(peer_), group(std::move(group_)), tag(tag_) {
+  TDIST_CHECK_ARG(op == &isend || op == &irecv, "P2POp: op must be tdist::isend or tdist::irecv");
+}
+
+std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops) {
+  TDIST_CHECK_ARG(!ops.empty(), "batch_isend_irecv: the list of ops is empty");
+  for (const auto& op : ops) {
+    TDIST_CHECK_ARG(op.group == ops.front().group,
+                    "batch_isend_irecv: every P2POp must use the same group");
+  }
+  Call c(ops.front().group, "batch_isend_irecv");
+  if (c.skip()) return std::vector<WorkPtr>(ops.size(), completed_work(c.op));
+  std::vector<PointToPoint> batch;
+  std::vector<at::Tensor> tensors;
+  for (const auto& op : ops) {
+    const bool is_send = op.op == &isend;
+    const char* role = is_send ? "dst" : "src";
+    PointToPoint p;
+    p.is_send = is_send;
+    p.peer = c.group_rank_of(op.peer, role);
+    if (p.peer == c.pg->rank()) {
+      TDIST_THROW(InvalidArgument,
+                  c.where() + ": " + role + " " + std::to_string(op.peer) + " is this rank itself");
+    }
+    TDIST_CHECK_ARG(op.tag >= 0, c.where() + ": tag " + std::to_string(op.tag) + " is negative");
+    p.tag = op.tag;
+    p.tensor = is_send ? c.input(op.tensor, "tensor") : op.tensor;
+    if (!is_send) c.check_output(op.tensor, "tensor");
+    if (!batch.empty() && p.tensor.device() != batch.front().tensor.device()) {
+      TDIST_THROW(InvalidArgument, c.where() + ": a tensor on " + p.tensor.device().str() +
+                                       " and one on " + batch.front().tensor.device().str() +
+                                       "; one batch goes to one backend and device");
+    }
+    tensors.push_back(p.tensor);
+    batch.push_back(std::move(p));
+  }
+  const uint64_t record_id =
+      detail::flight_record_issue(*c.pg, c.pg->sequence_number(), c.op, tensors);
+  WorkPtr work = c.pg->backend_for(batch.front().tensor)
+                     .batch_send_recv(batch, c.options<CollectiveOptions>());
+  detail::flight_record_track(record_id, c.pg, work);
+  return std::vector<WorkPtr>(ops.size(), work);
+}
+
 WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group, int tag) {
   return point_to_point(true, tensor, dst, group, tag);
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/host_staged_backend.h"
 #include "rendezvous.h"
 #include "state.h"
 #include "tdist/error.h"
@@ -52,7 +53,9 @@ std::chrono::milliseconds default_timeout(const std::map<std::string, std::strin
 
 /// One backend instance per backend name, shared by the device types it serves.
 void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>& spec,
-                     const StorePtr& group_store, std::chrono::milliseconds timeout) {
+                     const StorePtr& group_store, std::chrono::milliseconds timeout,
+                     const std::string& device_id) {
+  NewBackendsDeviceScope device_scope(device_id);
   std::map<std::string, CollectiveBackendPtr> made;
   for (const auto& [device, name] : spec) {
     auto it = made.find(name);
@@ -65,7 +68,11 @@ void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>&
       }
       it = made.emplace(name, std::move(backend)).first;
     }
-    pg.set_backend(device, name, it->second);
+    CollectiveBackendPtr backend = it->second;
+    // Note [Staging device tensors through the host].
+    const c10::DeviceType type = c10::Device(device).type();
+    if (!backend->takes_device_tensors(type)) backend = stage_through_host(backend, type);
+    pg.set_backend(device, name, backend);
   }
 }
 
@@ -241,7 +248,7 @@ void init_process_group(const InitProcessGroupOptions& options) {
   auto group_store = std::make_shared<PrefixStore>(prefix + "pg/0", state->store);
   auto world = std::make_shared<ProcessGroup>("0", group_store, rank, ranks, timeout);
   world->set_debug_detail(debug);
-  detail::create_backends(*world, spec, group_store, timeout);
+  detail::create_backends(*world, spec, group_store, timeout, state->device_id);
   state->world = world;
   detail::state_slot() = std::move(state);
 }
@@ -302,7 +309,7 @@ ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options
       std::make_shared<PrefixStore>(detail::store_prefix(state) + "pg/" + name, state.store);
   auto pg = std::make_shared<ProcessGroup>(name, group_store, my_rank, ranks, timeout);
   pg->set_debug_detail(state.debug_detail);
-  if (my_rank >= 0) detail::create_backends(*pg, spec, group_store, timeout);
+  if (my_rank >= 0) detail::create_backends(*pg, spec, group_store, timeout, state.device_id);
   state.groups.push_back(pg);
   return pg;
 }

@@ -1,10 +1,12 @@
 // Object collectives: serialize (object.h), exchange sizes, then exchange padded byte
-// tensors through the ordinary tensor collectives on the group's CPU backend.
+// tensors through the ordinary tensor collectives: on the CPU when the group has a CPU
+// backend, else (a group of nccl alone, as c10d) on this rank's current CUDA device.
 
 #include "tdist/comm/object_collectives.h"
 
 #include <cstring>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "state.h"
@@ -15,10 +17,27 @@ namespace tdist {
 
 namespace {
 
-at::Tensor to_bytes_tensor(const std::vector<uint8_t>& bytes, int64_t padded) {
+/// Where the group exchanges the byte tensors.
+c10::Device object_device(const ProcessGroup& pg) {
+  const auto names = pg.backend_names();
+  if (names.count("cpu") || names.empty()) return c10::Device(c10::kCPU);
+  const c10::DeviceType type = c10::Device(names.begin()->first).type();
+  return c10::impl::VirtualGuardImpl(type).getDevice();
+}
+
+at::Tensor to_bytes_tensor(const std::vector<uint8_t>& bytes, int64_t padded,
+                           const c10::Device& device) {
   at::Tensor t = torch::zeros({std::max<int64_t>(padded, 1)}, torch::kUInt8);
   if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
+  return t.to(device);
+}
+
+at::Tensor empty_on(at::IntArrayRef sizes, at::ScalarType type, const c10::Device& device) {
+  return torch::empty(sizes, torch::TensorOptions().dtype(type).device(device));
+}
+
+at::Tensor int64_on(int64_t value, const c10::Device& device) {
+  return torch::tensor({value}, torch::kInt64).to(device);
 }
 
 Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& op, int from) {
@@ -28,7 +47,8 @@ Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& o
                                      " bytes, which does not fit the exchanged buffer");
   }
   try {
-    return deserialize_object(t.data_ptr<uint8_t>(), static_cast<size_t>(size));
+    const at::Tensor host = t.cpu().contiguous();
+    return deserialize_object(host.data_ptr<uint8_t>(), static_cast<size_t>(size));
   } catch (const InvalidArgument& e) {
     TDIST_THROW(InvalidArgument, op + ": the object from global rank " + std::to_string(from) +
                                      " is corrupt: " + e.what());
@@ -37,9 +57,11 @@ Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& o
 
 /// All members learn every member's byte count.
 std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg) {
-  at::Tensor in = torch::tensor({mine}, torch::kInt64);
-  at::Tensor out = torch::empty({pg->size()}, torch::kInt64);
+  const c10::Device device = object_device(*pg);
+  at::Tensor in = int64_on(mine, device);
+  at::Tensor out = empty_on({pg->size()}, torch::kInt64, device);
   all_gather_into_tensor(out, in, pg);
+  out = out.cpu();
   auto* p = out.data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + pg->size());
 }
@@ -53,11 +75,12 @@ void broadcast_object_list(std::vector<Object>& object_list, int src,
   const bool is_src = pg->global_rank(pg->rank()) == src;
   std::vector<uint8_t> bytes;
   if (is_src) bytes = serialize_object(Object(object_list));
-  at::Tensor size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  const c10::Device device = object_device(*pg);
+  at::Tensor size = int64_on(static_cast<int64_t>(bytes.size()), device);
   broadcast(size, src, pg);
   const int64_t n = size.item<int64_t>();
-  at::Tensor data =
-      is_src ? to_bytes_tensor(bytes, n) : torch::empty({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  at::Tensor data = is_src ? to_bytes_tensor(bytes, n, device)
+                           : empty_on({std::max<int64_t>(n, 1)}, torch::kUInt8, device);
   broadcast(data, src, pg);
   if (is_src) return;
   object_list = from_bytes_tensor(data, n, "broadcast_object_list", src).as_list();
@@ -70,9 +93,11 @@ void all_gather_object(std::vector<Object>& object_list, const Object& obj,
   auto bytes = serialize_object(obj);
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  at::Tensor in = to_bytes_tensor(bytes, max_size);
-  at::Tensor out = torch::empty({pg->size(), in.numel()}, torch::kUInt8);
+  const c10::Device device = object_device(*pg);
+  at::Tensor in = to_bytes_tensor(bytes, max_size, device);
+  at::Tensor out = empty_on({pg->size(), in.numel()}, torch::kUInt8, device);
   all_gather_into_tensor(out, in, pg);
+  out = out.cpu();
   std::vector<Object> result;
   for (int r = 0; r < pg->size(); ++r) {
     result.push_back(from_bytes_tensor(out[r], sizes[r], "all_gather_object", pg->global_rank(r)));
@@ -92,7 +117,7 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
   auto bytes = serialize_object(obj);
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  at::Tensor in = to_bytes_tensor(bytes, max_size);
+  at::Tensor in = to_bytes_tensor(bytes, max_size, object_device(*pg));
   std::vector<at::Tensor> outputs;
   if (is_dst) {
     for (int r = 0; r < pg->size(); ++r) outputs.push_back(torch::empty_like(in));
@@ -125,18 +150,19 @@ void scatter_object_list(std::vector<Object>& scatter_object_output_list,
       max_size = std::max<int64_t>(max_size, parts.back().size());
     }
   }
-  at::Tensor max_t = torch::tensor({max_size}, torch::kInt64);
+  const c10::Device device = object_device(*pg);
+  at::Tensor max_t = int64_on(max_size, device);
   broadcast(max_t, src, pg);
   max_size = max_t.item<int64_t>();
   std::vector<at::Tensor> data_in, size_in;
   if (is_src) {
     for (const auto& bytes : parts) {
-      data_in.push_back(to_bytes_tensor(bytes, max_size));
-      size_in.push_back(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64));
+      data_in.push_back(to_bytes_tensor(bytes, max_size, device));
+      size_in.push_back(int64_on(static_cast<int64_t>(bytes.size()), device));
     }
   }
-  at::Tensor data = torch::empty({std::max<int64_t>(max_size, 1)}, torch::kUInt8);
-  at::Tensor size = torch::empty({1}, torch::kInt64);
+  at::Tensor data = empty_on({std::max<int64_t>(max_size, 1)}, torch::kUInt8, device);
+  at::Tensor size = empty_on({1}, torch::kInt64, device);
   scatter(size, size_in, src, pg);
   scatter(data, data_in, src, pg);
   if (scatter_object_output_list.empty()) scatter_object_output_list.resize(1);

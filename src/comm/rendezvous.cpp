@@ -9,6 +9,8 @@
 #include <random>
 #include <thread>
 
+#include <ATen/Context.h>
+
 #include "tdist/comm/backend.h"
 #include "tdist/error.h"
 #include "tdist/store/file_store.h"
@@ -387,14 +389,25 @@ void register_ranks(Store& store, const std::string& prefix, int rank, int world
   }
 }
 
+/// Whether this machine has a device of `device_type`.
+static bool device_present(const std::string& device_type) {
+  if (device_type == "cpu") return true;
+  if (device_type == "cuda") return at::hasCUDA() && at::getNumGPUs() > 0;
+  return false;
+}
+
 std::map<std::string, std::string> parse_backend_spec(const std::string& spec,
                                                       const std::string& device_id) {
   std::map<std::string, std::string> out;
   std::string s = lower(trim(spec));
   std::string device_type = lower(device_id.substr(0, device_id.find(':')));
   if (s.empty() || s == Backend::UNDEFINED) {
+    // Each device type present on this machine gets its default backend (nccl only where
+    // there is a GPU), and the one device_id names gets it even if absent: then its
+    // backend's factory says why it cannot run.
     for (const auto& [device, name] : Backend::default_device_backend_map()) {
-      if (backend_registered(name)) out[device] = name;
+      const bool wanted = device_present(device) || device == device_type;
+      if (wanted && backend_registered(name)) out[device] = name;
     }
     if (!device_type.empty() && !out.count(device_type)) {
       auto defaults = Backend::default_device_backend_map();

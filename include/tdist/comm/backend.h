@@ -73,7 +73,23 @@ class Backend {
   std::string name_;
 };
 
+/// The device_id of the process group whose backends are being created (see
+/// InitProcessGroupOptions::device_id), e.g. "cuda:1"; "" when none was given. Factories of
+/// accelerator backends read it to bind their device.
+std::string device_id_for_new_backends();
+
 namespace detail {
+/// Sets device_id_for_new_backends() on this thread while it lives.
+class NewBackendsDeviceScope {
+ public:
+  explicit NewBackendsDeviceScope(std::string device_id);
+  ~NewBackendsDeviceScope();
+  NewBackendsDeviceScope(const NewBackendsDeviceScope&) = delete;
+  NewBackendsDeviceScope& operator=(const NewBackendsDeviceScope&) = delete;
+
+ private:
+  std::string previous_;
+};
 /// Looks up a registered factory; throws InvalidArgument naming the available backends
 /// (and why a built-in one is unavailable in this build).
 BackendFactory backend_factory(const std::string& name);

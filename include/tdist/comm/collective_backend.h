@@ -68,6 +68,15 @@ class CollectiveBackend {
   virtual WorkPtr barrier(const BarrierOptions& opts);
   virtual WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts);
   virtual WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts);
+  /// Several sends and receives issued together (torch.distributed.batch_isend_irecv);
+  /// NCCL runs them as one group call. Default: each through send()/recv(), one Work that
+  /// completes when all have.
+  virtual WorkPtr batch_send_recv(std::vector<PointToPoint>& ops, const CollectiveOptions& opts);
+
+  /// Whether tensors of `type` go to this backend as they are. Tensors of a device type it
+  /// does not take (CUDA tensors on gloo, say) are staged through pinned host memory by the
+  /// process group (Note [Staging device tensors through the host]).
+  virtual bool takes_device_tensors(c10::DeviceType type) const { return type == c10::kCPU; }
 
   /// Marks the backend unusable after a fatal error (dead peer, timeout): every later call
   /// fails at once with `reason` instead of computing on corrupt state.

@@ -125,4 +125,20 @@ WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = 
 WorkPtr irecv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr,
               int tag = 0);
 
+/// One send or receive of batch_isend_irecv, as torch.distributed.P2POp: `op` is isend or
+/// irecv, `peer` a global rank.
+struct P2POp {
+  using Function = WorkPtr (*)(const at::Tensor&, int, const ProcessGroupPtr&, int);
+  P2POp(Function op, at::Tensor tensor, int peer, ProcessGroupPtr group = nullptr, int tag = 0);
+  Function op;
+  at::Tensor tensor;
+  int peer;
+  ProcessGroupPtr group;
+  int tag;
+};
+
+/// Issues every op at once (NCCL: one group call, so that ranks exchanging in a ring cannot
+/// deadlock); returns one Work per op. All ops use one group.
+std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops);
+
 }  // namespace tdist

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 namespace tdist {
 
 /// How a reduction combines values, as torch.distributed.ReduceOp.
@@ -50,6 +52,15 @@ struct AllToAllOptions : CollectiveOptions {};
 struct BarrierOptions : CollectiveOptions {};
 struct SendRecvOptions : CollectiveOptions {
   int tag_id = 0;  // matches a send with the recv of the same tag
+};
+
+/// One send or receive of a batch (CollectiveBackend::batch_send_recv); `peer` is a group
+/// rank.
+struct PointToPoint {
+  bool is_send = true;
+  at::Tensor tensor;
+  int peer = -1;
+  int tag = 0;
 };
 
 }  // namespace tdist
