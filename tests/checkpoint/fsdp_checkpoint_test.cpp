@@ -6,8 +6,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
@@ -15,8 +18,10 @@
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/metadata.h"
 #include "tdist/checkpoint/module_state.h"
+#include "tdist/checkpoint/sharded_safetensors.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/state_dict.h"
@@ -303,6 +308,100 @@ TEST(FSDPCheckpoint, AScalarParameterIsSavedAsAScalarAtWorlds1To3) {
     load_module(*plain, opt.get(), dir + "/ckpt");
     EXPECT_TRUE(bitwise_equal(plain->scale.detach(), want)) << plain->scale;
   }
+}
+
+// Sharded safetensors (Hugging Face's layout), written in parallel by 3 ranks and loaded into
+// an FSDP model at the same world.
+TDIST_SCENARIO(ck_sharded_safetensors) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const std::string dir = env_str("CK_DIR");
+  TinyTransformer source = make_model(1234);
+  const TensorMap tensors = module_tensors(*source);
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors) total += t.nbytes();
+  save_safetensors_sharded(tensors, dir + "/st",
+                           ShardedSafetensorsOptions().max_shard_bytes(total / 4).parallel(true));
+  TinyTransformer m = make_model(999);
+  shard(m);
+  load_module_tensors(*m, load_safetensors_sharded(dir + "/st"));
+  const TensorMap got = module_tensors(*m);  // collective: gathers the shards
+  EXPECT_EQ(got.size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(bitwise_equal(got.at(name), t)) << name;
+  }
+  destroy_process_group();
+}
+
+TEST(ShardedSafetensors, WrittenInParallelAtWorld3AndLoadedIntoFSDP) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-st");
+  tdist::testing::ProcessOptions options;
+  options.env = {{"CK_DIR", dir}};
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("ck_sharded_safetensors", 3, options));
+  const TensorMap want = module_tensors(*make_model(1234));
+  const TensorMap got = load_safetensors_sharded(dir + "/st");
+  EXPECT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) EXPECT_TRUE(bitwise_equal(got.at(name), t)) << name;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/st/model.safetensors.index.json"));
+}
+
+TEST(ShardedSafetensors, HuggingFacesLayoutAndIndex) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-st");
+  TensorMap tensors{{"a", torch::arange(100, torch::kFloat)},     // 400 bytes
+                    {"b", torch::arange(10, torch::kLong)},       // 80
+                    {"c", torch::ones({300}, torch::kBFloat16)},  // 600: more than the limit
+                    {"d", torch::tensor(2.5)}};                   // a scalar
+  const auto files =
+      save_safetensors_sharded(tensors, dir, ShardedSafetensorsOptions().max_shard_bytes(500));
+  // a+b fit 500 bytes; c is alone (over the limit); d follows in a shard of its own.
+  const std::vector<std::string> want_files = {
+      dir + "/model-00001-of-00003.safetensors", dir + "/model-00002-of-00003.safetensors",
+      dir + "/model-00003-of-00003.safetensors", dir + "/model.safetensors.index.json"};
+  EXPECT_EQ(files, want_files);
+  std::ifstream in(dir + "/model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(in);
+  EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), 400 + 80 + 600 + 4);
+  EXPECT_EQ(index["weight_map"]["a"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["b"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["c"], "model-00002-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["d"], "model-00003-of-00003.safetensors");
+  const TensorMap back = load_safetensors_sharded(dir);
+  ASSERT_EQ(back.size(), tensors.size());
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(bitwise_equal(back.at(name), t)) << name;
+  // One shard: the single file, no index.
+  const std::string one = tdist::testing::make_temp_dir("ckpt-st");
+  EXPECT_EQ(save_safetensors_sharded(tensors, one),
+            std::vector<std::string>{one + "/model.safetensors"});
+  EXPECT_TRUE(bitwise_equal(load_safetensors_sharded(one).at("c"), tensors.at("c")));
+}
+
+TEST(ShardedSafetensors, AMissingOrWrongShardIsNamed) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt-st");
+  TensorMap tensors{{"a", torch::ones({100})}, {"b", torch::ones({100})}};
+  save_safetensors_sharded(tensors, dir, ShardedSafetensorsOptions().max_shard_bytes(400));
+  std::filesystem::rename(dir + "/model-00002-of-00002.safetensors", dir + "/moved");
+  try {
+    load_safetensors_sharded(dir);
+    FAIL() << "loaded with a shard missing";
+  } catch (const tdist::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model-00002-of-00002.safetensors', which is missing"),
+              std::string::npos)
+        << e.what();
+  }
+  // The index says b is in shard 1, which does not hold it.
+  std::filesystem::rename(dir + "/moved", dir + "/model-00002-of-00002.safetensors");
+  std::ofstream(dir + "/model.safetensors.index.json")
+      << R"({"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00001-of-00002.safetensors"}})";
+  try {
+    load_safetensors_sharded(dir);
+    FAIL() << "loaded a tensor from the wrong shard";
+  } catch (const tdist::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_safetensors_sharded(tdist::testing::make_temp_dir("ckpt-st")),
+               tdist::CheckpointError);
 }
 
 // The CheckpointManager forms of the module adapter (single process, plain model).
