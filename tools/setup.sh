@@ -42,11 +42,12 @@ fi
 
 # PyTorch from PyPI into .venv/ (once; ~5 GB with its CUDA libraries, which it loads even on
 # machines without a GPU).
-if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" \
+# safetensors: the Python side of the GPT export test (examples/gpt/python/gpt_export.py).
+if ! .venv/bin/python -c "import torch, sys, numpy, safetensors; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" \
     2>/dev/null; then
   echo "== installing PyTorch $TORCH_PIN into .venv/"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$TORCH_PIN" numpy
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$TORCH_PIN" numpy safetensors
 fi
 
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime

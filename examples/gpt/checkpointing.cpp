@@ -63,6 +63,13 @@ std::string config_path(const std::string& run_dir) {
   return (fs::path(run_dir) / "config.json").string();
 }
 
+std::optional<std::string> checkpoint_at_step(const std::string& run_dir, int64_t step) {
+  for (const auto& [s, dir] : complete_steps((fs::path(run_dir) / "checkpoints").string())) {
+    if (s == step) return dir;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> newest_checkpoint(const std::string& run_dir) {
   auto steps = complete_steps((fs::path(run_dir) / "checkpoints").string());
   if (steps.empty()) return std::nullopt;
@@ -215,7 +222,7 @@ std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
 
 #endif
 
-GPT load_model_from_run(const std::string& run_dir) {
+GPT load_model_from_run(const std::string& run_dir, int64_t step) {
   std::ifstream in(config_path(run_dir));
   if (!in) {
     TDIST_THROW(tdist::CheckpointError, "generate: no " + config_path(run_dir) +
@@ -236,7 +243,12 @@ GPT load_model_from_run(const std::string& run_dir) {
   config.tie_weights = m.value("tie_weights", config.tie_weights);
   config.dropout = 0.0;
   GPT model(config);
-  auto dir = newest_checkpoint(run_dir);
+  auto dir = step >= 0 ? checkpoint_at_step(run_dir, step) : newest_checkpoint(run_dir);
+  if (!dir && step >= 0) {
+    TDIST_THROW(tdist::CheckpointError,
+                run_dir + "/checkpoints has no complete checkpoint of step " +
+                    std::to_string(step) + "; leave --step out for the newest one");
+  }
   if (!dir) {
     TDIST_THROW(tdist::CheckpointError, "generate: " + run_dir +
                                             "/checkpoints has no complete checkpoint; train with "

@@ -42,8 +42,11 @@ std::string config_path(const std::string& run_dir);
 /// The GPT of a training run: the shape from config.json, the weights from the newest
 /// checkpoint (whatever world size and mode saved it). Throws tdist::CheckpointError naming
 /// what is missing.
-GPT load_model_from_run(const std::string& run_dir);
+/// `step` >= 0: that step's checkpoint instead of the newest.
+GPT load_model_from_run(const std::string& run_dir, int64_t step = -1);
 /// Newest complete step directory under <run_dir>/checkpoints, if any.
 std::optional<std::string> newest_checkpoint(const std::string& run_dir);
+/// The complete checkpoint of `step` under <run_dir>/checkpoints, if any.
+std::optional<std::string> checkpoint_at_step(const std::string& run_dir, int64_t step);
 
 }  // namespace gpt

@@ -193,6 +193,16 @@ void add_generate_options(CLI::App& app, GenerateConfig& g) {
   app.add_option("--threads", g.threads, "Intra-op threads (0: all cores)")->capture_default_str();
 }
 
+void add_export_options(CLI::App& app, ExportConfig& x) {
+  app.add_option("--run-dir", x.run_dir, "Training run directory (e.g. runs/gpt)")->required();
+  app.add_option("--format", x.format, "pt (torch.load) or safetensors")
+      ->check(CLI::IsMember({"pt", "safetensors"}))
+      ->capture_default_str();
+  app.add_option("--out", x.out, "File to write; the model config goes beside it (.json)")
+      ->required();
+  app.add_option("--step", x.step, "Checkpoint step (default: the newest complete one)");
+}
+
 }  // namespace
 
 std::string user_message(const std::exception& e) {
@@ -213,20 +223,31 @@ int parse_command_line(const std::vector<std::string>& args_in, Command& command
   if (!args.empty() && args[0] == "generate") {
     command.kind = Command::Kind::kGenerate;
     args.erase(args.begin());
+  } else if (!args.empty() && args[0] == "export") {
+    command.kind = Command::Kind::kExport;
+    args.erase(args.begin());
   } else if (!args.empty() && args[0] == "train") {
     args.erase(args.begin());
   }
 
   const bool train = command.kind == Command::Kind::kTrain;
-  CLI::App app(train ? "Train a small GPT on a text corpus, on one or several ranks.\n"
-                       "  gpt [train] [flags]       train (this help)\n"
-                       "  gpt generate --help       sample from a trained run"
-                     : "Generate text from a trained GPT run's newest checkpoint.",
-               train ? "gpt" : "gpt generate");
+  const bool exporting = command.kind == Command::Kind::kExport;
+  CLI::App app(train       ? "Train a small GPT on a text corpus, on one or several ranks.\n"
+                             "  gpt [train] [flags]       train (this help)\n"
+                             "  gpt generate --help       sample from a trained run\n"
+                             "  gpt export --help         write a run's weights for Python"
+               : exporting ? "Write a trained GPT run's weights (and its config, as .json) for "
+                             "Python: examples/gpt/python/gpt_export.py loads them."
+                           : "Generate text from a trained GPT run's newest checkpoint.",
+               train       ? "gpt"
+               : exporting ? "gpt export"
+                           : "gpt generate");
   app.option_defaults()->always_capture_default();
   std::string mode = "auto";
   if (train)
     add_train_options(app, command.train, mode);
+  else if (exporting)
+    add_export_options(app, command.exported);
   else
     add_generate_options(app, command.generate);
 
@@ -237,7 +258,7 @@ int parse_command_line(const std::vector<std::string>& args_in, Command& command
       command.train.mode = parse_parallel_mode(mode);
       command.train.finalize();
       command.train.validate();
-    } else {
+    } else if (!exporting) {
       command.generate.sample.validate();
     }
   } catch (const CLI::CallForHelp& e) {

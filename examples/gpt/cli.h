@@ -3,6 +3,7 @@
 // Command line of the gpt program:
 //   gpt [train] [flags]          train (the default command)
 //   gpt generate --run-dir DIR   sample from a run's newest checkpoint
+//   gpt export --run-dir DIR --format pt|safetensors --out FILE   weights for Python
 // Flags may also come from --config FILE: JSON ({"steps": 300, "n_layer": 4}) or key=value
 // lines (steps = 300); names are the long flag names, '_' and '-' both accepted. Flags on
 // the command line override the file.
@@ -17,9 +18,10 @@
 namespace gpt {
 
 struct Command {
-  enum class Kind { kTrain, kGenerate } kind = Kind::kTrain;
+  enum class Kind { kTrain, kGenerate, kExport } kind = Kind::kTrain;
   TrainConfig train;
   GenerateConfig generate;
+  ExportConfig exported;
 };
 
 /// e.what() without the source stamp for tdist::InvalidArgument (a value the user must fix).

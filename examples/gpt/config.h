@@ -85,6 +85,14 @@ nlohmann::json to_json(const TrainConfig& config);
 /// was built from, else ./data/kjv.txt.
 std::string default_data_path();
 
+/// `gpt export`: a run's weights for Python (examples/gpt/python/gpt_export.py).
+struct ExportConfig {
+  std::string run_dir;
+  std::string format = "safetensors";  ///< "pt" or "safetensors"
+  std::string out;                     ///< the weights file; its config goes beside, .json
+  int64_t step = -1;                   ///< -1: the newest complete checkpoint
+};
+
 struct GenerateConfig {
   std::string run_dir;  ///< a training run dir (its newest checkpoint is used)
   std::string prompt = "And God said";

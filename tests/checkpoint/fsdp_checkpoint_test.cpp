@@ -294,6 +294,13 @@ TEST(FSDPCheckpoint, AScalarParameterIsSavedAsAScalarAtWorlds1To3) {
     save_safetensors(full, dir + "/export.safetensors");
     EXPECT_TRUE(
         bitwise_equal(load_safetensors(dir + "/export.safetensors").at("model.scale"), want));
+    // And through the command line tool, the model's names alone.
+    const std::string cli = std::string(CKPT_INSPECT_BIN) + " --export " + dir + "/ckpt pt " + dir +
+                            "/cli.pt model. >/dev/null";
+    ASSERT_EQ(std::system(cli.c_str()), 0) << cli;
+    const TensorMap exported = import_torch_file(dir + "/cli.pt");
+    EXPECT_EQ(exported.size(), 3u);
+    EXPECT_TRUE(bitwise_equal(exported.at("scale"), want));
     for (int load_world : {1, 2, 3}) {
       SCOPED_TRACE("loaded at world " + std::to_string(load_world));
       options.env["CK_MODE"] = "load";

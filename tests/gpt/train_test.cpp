@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "gpt/checkpointing.h"
+#include "gpt/export.h"
 #include "gpt/generate.h"
 #include "gpt/metrics.h"
 #include "gpt/trainer.h"
@@ -156,6 +157,68 @@ TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
   sample.max_new_tokens = 16;
   EXPECT_EQ(gpt::generate(model, "And", sample), gpt::generate(model, "And", sample));
 }
+
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+// `gpt export` hands a run to Python: the Python twin of the model
+// (examples/gpt/python/gpt_export.py) loads each format and, greedy, continues a prompt
+// with exactly the text the C++ model gives.
+TEST(GptExport, PythonLoadsBothFormatsAndGeneratesWhatCppGenerates) {
+  const char* python = std::getenv("TDIST_TEST_PYTHON");
+  if (python == nullptr ||
+      std::system(
+          (std::string(python) + " -c 'import torch, safetensors' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "needs TDIST_TEST_PYTHON with torch and safetensors (tools/setup.sh)";
+  }
+  const auto dir = tdist::testing::make_temp_dir("gpt-export");
+  auto config = tiny_config(dir);
+  config.steps = 6;
+  config.checkpoint_interval = 3;
+  config.sample.max_new_tokens = 0;
+  std::ostringstream out;
+  gpt::train(config, gpt::World{}, out);
+  gpt::SampleOptions greedy;
+  greedy.top_k = 1;
+  greedy.max_new_tokens = 40;
+  auto model = gpt::load_model_from_run(dir);
+  const std::string want = gpt::generate(model, "And God", greedy);
+  ASSERT_EQ(want.size(), 40u);
+  // An older step is another model (it was trained less).
+  auto step3 = gpt::load_model_from_run(dir, 3);
+  EXPECT_FALSE(step3->wte->weight.equal(model->wte->weight));
+  for (const std::string format : {"pt", "safetensors"}) {
+    SCOPED_TRACE(format);
+    gpt::ExportConfig x;
+    x.run_dir = dir;
+    x.format = format;
+    x.out = dir + "/export/gpt." + format;
+    const auto files = gpt::export_run(x);
+    ASSERT_EQ(files.size(), 2u);
+    EXPECT_TRUE(fs::exists(dir + "/export/gpt.json"));
+    const std::string script = dir + "/run.py", log = dir + "/py.txt";
+    std::ofstream(script) << "import sys\nsys.path.insert(0, '" << TDIST_GPT_PYTHON_DIR
+                          << "')\nimport gpt_export\nm = gpt_export.load(sys.argv[1])\n"
+                             "sys.stdout.write(gpt_export.generate(m, 'And God', 40))\n";
+    const int rc = std::system(
+        (std::string(python) + " " + script + " " + x.out + " >" + log + " 2>&1").c_str());
+    std::ifstream in(log);
+    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(rc, 0) << got;
+    EXPECT_EQ(got, want);
+  }
+  gpt::ExportConfig bad;
+  bad.run_dir = dir;
+  bad.out = dir + "/export/bad.pt";
+  bad.format = "pt";
+  bad.step = 4;
+  try {
+    gpt::export_run(bad);
+    ADD_FAILURE() << "exported a step that has no checkpoint";
+  } catch (const tdist::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("no complete checkpoint of step 4"), std::string::npos)
+        << e.what();
+  }
+}
+#endif
 
 #ifdef TDIST_GPT_WITH_COMM
 

@@ -2,6 +2,9 @@
 //   ckpt-inspect <dir>            tensors, files, extra state; metadata + sizes checked
 //   ckpt-inspect --verify <dir>   also reads every block and checks its CRC32C
 //   ckpt-inspect --list <root>    the step directories of a CheckpointManager root
+//   ckpt-inspect --export <dir> <pt|safetensors> <out> [prefix]
+//                                 its tensors gathered whole into one file Python reads
+//                                 (prefix, e.g. "model.", selects and strips names)
 // Exit status: 0 complete, 1 incomplete/corrupt/missing, 2 usage.
 
 #include <cstdio>
@@ -10,6 +13,7 @@
 
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
+#include "tdist/checkpoint/interchange.h"
 
 namespace ckpt = tdist::checkpoint;
 
@@ -44,6 +48,33 @@ int show(const std::string& dir, bool read_data) {
   return 0;
 }
 
+int export_to(const std::string& dir, const std::string& format, const std::string& out,
+              const std::string& prefix) {
+  if (format != "pt" && format != "safetensors") {
+    std::cerr << "ckpt-inspect --export: format must be pt or safetensors, not '" << format
+              << "'\n";
+    return 2;
+  }
+  try {
+    const ckpt::TensorMap tensors = ckpt::read_full_tensors(dir, prefix);
+    if (tensors.empty()) {
+      std::cerr << "ckpt-inspect --export: " << dir << " has no tensor named '" << prefix
+                << "...'\n";
+      return 1;
+    }
+    if (format == "pt") {
+      ckpt::export_torch_file(tensors, out);
+    } else {
+      ckpt::save_safetensors(tensors, out);
+    }
+    std::cout << "wrote " << tensors.size() << " tensors to " << out << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt-inspect --export: " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,7 +89,11 @@ int main(int argc, char** argv) {
     return all_ok ? 0 : 1;
   }
   if (argc == 3 && std::string(argv[1]) == "--verify") return show(argv[2], true);
+  if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--export") {
+    return export_to(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
+  }
   if (argc == 2 && argv[1][0] != '-') return show(argv[1], false);
-  std::cerr << "usage: ckpt-inspect [--verify] <checkpoint-dir> | --list <manager-root>\n";
+  std::cerr << "usage: ckpt-inspect [--verify] <checkpoint-dir> | --list <manager-root> | "
+               "--export <checkpoint-dir> <pt|safetensors> <out> [prefix]\n";
   return 2;
 }
