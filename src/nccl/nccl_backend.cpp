@@ -339,8 +339,14 @@ class NCCLBackend : public CollectiveBackend {
               const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
               const Body& body, bool blocks_host = false) {
     check_not_broken(op);
-    for (const auto& t : inputs) check_tensor(t, op);
-    for (const auto& t : outputs) check_tensor(t, op);
+    // Every check before the first NCCL call: a call left half-issued (a group with some
+    // sends queued) would leave the peers waiting.
+    for (const auto* list : {&inputs, &outputs}) {
+      for (const auto& t : *list) {
+        check_tensor(t, op);
+        nccl_dtype(t.scalar_type());
+      }
+    }
     const auto timeout = opts.timeout.count() >= 0 ? opts.timeout : timeout_;
     const auto deadline = Clock::now() + timeout;
     c10::cuda::CUDAGuard guard(device_);
@@ -348,9 +354,15 @@ class NCCLBackend : public CollectiveBackend {
     at::cuda::CUDAEvent ready;
     ready.record(at::cuda::getCurrentCUDAStream(device_.index()));
     ready.block(stream_);
-    {
+    try {
       c10::cuda::CUDAStreamGuard on_comm_stream(stream_);
       body(stream_.stream(), deadline);
+    } catch (const std::exception& e) {
+      // NCCL refused part of the collective: what it queued can never complete. Abort so
+      // nothing here waits on it; the peers' watchdogs time out and report.
+      comm_->abort();
+      mark_broken(who() + ": nccl " + op + " failed while being issued: " + e.what());
+      throw;
     }
     for (const auto* list : {&inputs, &outputs}) {
       for (const auto& t : *list) {

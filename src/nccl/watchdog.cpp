@@ -2,6 +2,8 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <iostream>
+
 #include "nccl/nccl_types.h"
 #include "tdist/error.h"
 
@@ -62,8 +64,16 @@ std::shared_ptr<NCCLWork> Watchdog::complete_finished() {
     }
     in_flight_ = std::move(still);
   }
-  // Outside the lock: callbacks may issue further collectives.
-  for (auto& w : done) w->finish();
+  // Outside the lock: callbacks may issue further collectives. A callback that throws (a
+  // DDP or FSDP hook) is reported; it does not stop the watchdog.
+  for (auto& w : done) {
+    try {
+      w->finish();
+    } catch (const std::exception& e) {
+      std::cerr << "tdist: " << who_ << ": a completion callback of nccl " << w->op_name()
+                << " failed: " << e.what() << "\n";
+    }
+  }
   return late;
 }
 
@@ -109,7 +119,14 @@ void Watchdog::run() {
       drain();
       return;
     }
-    auto late = complete_finished();
+    std::shared_ptr<NCCLWork> late;
+    try {
+      late = complete_finished();
+    } catch (const std::exception& e) {
+      // A CUDA error while querying an event (a device fault): nothing in flight can be trusted.
+      fail_all(std::string("failed: CUDA reported an error: ") + e.what(), false);
+      continue;
+    }
     if (const ncclResult_t e = comm_.async_error(); e != ncclSuccess) {
       fail_all("failed: NCCL reported an asynchronous error: " + nccl_error_text(e, comm_.get()) +
                    " (a peer died or the network failed; NCCL_DEBUG=INFO tells more)",
