@@ -343,6 +343,20 @@ void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool re
   }
 }
 
+void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
+  std::vector<detail::FSDPState*> states =
+      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
+  for (detail::FSDPState* s : states) {
+    if (auto* g = s->group()) g->set_reshard_after_forward(reshard_after_forward);
+  }
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  TDIST_CHECK_ARG(factor > 0, "set_gradient_divide_factor: the factor must be positive, got " +
+                                  std::to_string(factor));
+  if (auto* g = state().group()) g->set_gradient_divide_factor(factor);
+}
+
 bool FSDPModule::requires_gradient_sync() const {
   auto* g = state().group();
   return g == nullptr || g->requires_gradient_sync();

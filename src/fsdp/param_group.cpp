@@ -326,6 +326,20 @@ void ParamGroup::point_params(bool unsharded) {
   }
 }
 
+void ParamGroup::set_reshard_after_forward(bool reshard) {
+  check(training_state_ == TrainingState::kIdle && shard_state_ != ShardState::kShardedPostForward,
+        "set_reshard_after_forward", "between steps (not inside forward or backward)");
+  config_.reshard_after_forward = ReshardAfterForward(reshard);
+}
+
+void ParamGroup::set_gradient_divide_factor(std::optional<double> factor) {
+  TDIST_CHECK_ARG(!factor || *factor > 0,
+                  "set_gradient_divide_factor: the factor must be "
+                  "positive, got " +
+                      std::to_string(factor.value_or(0)));
+  gradient_divide_factor_ = factor;
+}
+
 // Note [Reshard to a smaller group]
 // reshard_after_forward = k keeps, after forward, the slab of the [world, total] all-gather
 // buffer made of rank blocks [j * world/k, (j+1) * world/k), where j is this rank's index in
@@ -564,6 +578,7 @@ void ParamGroup::finish_reduce() {
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
+  divisor = gradient_divide_factor_.value_or(divisor);
   if (fast_) {
     finish_reduce_fast(divisor);
     return;

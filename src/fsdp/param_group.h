@@ -68,6 +68,10 @@ class ParamGroup {
   const ProcessGroupPtr& shard_group() const { return group_; }
   const ProcessGroupPtr& replicate_group() const { return config_.replicate_group; }
   void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  /// FSDPModule::set_reshard_after_forward: between steps only.
+  void set_reshard_after_forward(bool reshard);
+  /// FSDPModule::set_gradient_divide_factor; nullopt: the data-parallel size.
+  void set_gradient_divide_factor(std::optional<double> factor);
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
   /// Explicit prefetch targets (FSDP2's set_modules_to_*_prefetch); replace the recorded
   /// order for this group.
@@ -127,6 +131,7 @@ class ParamGroup {
   GroupConfig config_;
   CommContext* comm_ = nullptr;
   bool requires_gradient_sync_ = true;
+  std::optional<double> gradient_divide_factor_;
   std::optional<std::vector<ParamGroup*>> forward_prefetch_;
   std::optional<std::vector<ParamGroup*>> backward_prefetch_;
   std::vector<at::Tensor> summoned_grads_;  // the sharded grads, kept while kSummoned

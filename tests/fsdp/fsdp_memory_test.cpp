@@ -7,6 +7,7 @@
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
@@ -104,6 +105,76 @@ TEST(FSDPMemory, UnshardedFreedAndStateIsOneOverN) {
   for (int world : {2, 3, 4}) {
     SCOPED_TRACE(::testing::Message() << "world " << world);
     tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("fsdp_memory", world));
+  }
+}
+
+// FSDP2's runtime controls, each tested by what it changes: set_reshard_after_forward(false)
+// keeps the blocks' parameters unsharded from forward to backward, so backward issues no
+// all-gather for them, with the same gradients; set_gradient_divide_factor(1) sums instead of
+// averaging over the data-parallel ranks.
+TDIST_SCENARIO(fsdp_runtime_controls) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  const TinyConfig c = wide_config();
+  auto model = testing::make_tiny(c);
+  std::vector<FSDPModule> blocks;
+  for (auto& block : model->blocks) blocks.push_back(fully_shard(block));
+  FSDPModule root = fully_shard(model);
+  auto [x, y] = testing::tiny_batch(c, 2 * world, 0);
+  x = x.narrow(0, 2 * rank, 2);
+  y = y.narrow(0, 2 * rank, 2);
+  // One forward and backward; the gradients, and how many all-gathers the blocks issued in
+  // backward and held unsharded bytes between forward and backward.
+  struct Step {
+    std::vector<at::Tensor> grads;
+    int64_t backward_all_gathers = 0;
+    size_t held_after_forward = 0;
+  };
+  auto step = [&] {
+    Step s;
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    auto loss = testing::lm_loss(tdist::fsdp::forward(model, x), y);
+    int64_t before = 0;
+    for (auto& b : blocks) {
+      s.held_after_forward += b.unsharded_bytes();
+      before += b.stats().all_gathers;
+    }
+    loss.backward();
+    for (auto& b : blocks) s.backward_all_gathers += b.stats().all_gathers;
+    s.backward_all_gathers -= before;
+    for (auto& p : model->parameters()) s.grads.push_back(p.grad().clone());
+    return s;
+  };
+  const Step by_default = step();
+  EXPECT_EQ(by_default.held_after_forward, 0u);
+  EXPECT_EQ(by_default.backward_all_gathers, static_cast<int64_t>(blocks.size()));
+
+  root.set_reshard_after_forward(false);
+  const Step kept = step();
+  EXPECT_GT(kept.held_after_forward, 0u);
+  EXPECT_EQ(kept.backward_all_gathers, 0);
+  for (size_t i = 0; i < kept.grads.size(); ++i) {
+    EXPECT_TRUE(kept.grads[i].equal(by_default.grads[i])) << "parameter " << i;
+  }
+  root.set_reshard_after_forward(true);
+  EXPECT_EQ(step().held_after_forward, 0u);
+
+  root.set_gradient_divide_factor(1.0);
+  for (auto& b : blocks) b.set_gradient_divide_factor(1.0);
+  const Step summed = step();
+  for (size_t i = 0; i < summed.grads.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(summed.grads[i], by_default.grads[i] * world, 1e-5, 1e-7))
+        << "parameter " << i;
+  }
+  EXPECT_THROW(root.set_gradient_divide_factor(0.0), InvalidArgument);
+  destroy_process_group();
+}
+
+TEST(FSDPRuntimeControls, ReshardAfterForwardAndGradientDivideFactorAtWorlds2And3) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_runtime_controls", world));
   }
 }
 

@@ -163,6 +163,15 @@ class FSDPModule {
   /// Explicit prefetching (FSDP2): the modules whose all-gather this module issues at its
   /// pre-forward / pre-backward, replacing the recorded-order default for this module.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  /// FSDP2's set_reshard_after_forward: free the unsharded parameters after forward (true)
+  /// or keep them for backward (false: no all-gather in backward, more memory held). Between
+  /// steps; recurse: also every fully_shard'ed module below. The root keeps its own
+  /// parameters after forward either way (backward starts with it).
+  void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
+  /// FSDP2's set_gradient_divide_factor: this module's reduced gradients are divided by
+  /// `factor` instead of the data-parallel size (shard group x replicas), e.g. 1 for a loss
+  /// summed, not averaged, over the global batch.
+  void set_gradient_divide_factor(double factor);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
   detail::FSDPState& state() const;
