@@ -11,6 +11,7 @@
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
+#include "tdist/fsdp/state_dict.h"
 
 namespace tdist::fsdp {
 namespace {
@@ -168,6 +169,52 @@ TDIST_SCENARIO(fsdp_runtime_controls) {
   }
   EXPECT_THROW(root.set_gradient_divide_factor(0.0), InvalidArgument);
   destroy_process_group();
+}
+
+// forward_method (FSDP2's register_fsdp_forward_method): another method of a sharded module
+// runs with its parameters unsharded, reshards after, and its gradients are reduced: one SGD
+// step through it gives the single-process model's parameters.
+struct TwoHeadedImpl : torch::nn::Module {
+  TwoHeadedImpl() {
+    torch::manual_seed(11);
+    proj = register_module("proj", torch::nn::Linear(6, 5));
+  }
+  at::Tensor forward(const at::Tensor& x) { return proj->forward(x); }
+  at::Tensor scaled(const at::Tensor& x, double scale) { return proj->forward(x).tanh() * scale; }
+  torch::nn::Linear proj{nullptr};
+};
+TORCH_MODULE(TwoHeaded);
+
+TDIST_SCENARIO(fsdp_forward_method) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  torch::manual_seed(3);
+  const at::Tensor x = torch::randn({4, 6});  // the same batch on every rank
+  TwoHeaded reference;
+  auto ref_opt = torch::optim::SGD(reference->parameters(), torch::optim::SGDOptions(0.5));
+  reference->scaled(x, 3.0).pow(2).sum().backward();
+  ref_opt.step();
+
+  TwoHeaded model;
+  FSDPModule handle = fully_shard(model);
+  auto opt = torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.5));
+  at::Tensor out = forward_method(model, &TwoHeadedImpl::scaled, x, 3.0);
+  out.pow(2).sum().backward();
+  EXPECT_EQ(handle.unsharded_bytes(), 0u) << "resharded after backward";
+  opt.step();
+  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+  for (const auto& item : reference->named_parameters()) {
+    ASSERT_TRUE(full.count(item.key())) << item.key();
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-6, 1e-7)) << item.key();
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPRuntimeControls, ForwardMethodUnshardsAndReducesAtWorlds2And3) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_forward_method", world));
+  }
 }
 
 TEST(FSDPRuntimeControls, ReshardAfterForwardAndGradientDivideFactorAtWorlds2And3) {

@@ -95,16 +95,13 @@ struct Outputs<std::pair<A, B>> {
   }
 };
 
-}  // namespace detail
-
-/// Calls `module->forward(args...)` through FSDP. `module` is a ModuleHolder (e.g. Block)
-/// or a std::shared_ptr to the module's Impl. A module fully_shard was not applied to is
-/// simply called, so one model source serves sharded and unsharded runs.
-template <class M, class... Args>
-auto forward(M& module, Args&&... args) {
+/// Calls `call(*module, args...)` through FSDP's pre- and post-forward hooks (forward and
+/// forward_method below).
+template <class M, class Call, class... Args>
+auto call_through_fsdp(M& module, Call&& call, Args&&... args) {
   detail::FSDPState* found =
       detail::find_state(static_cast<const torch::nn::Module&>(*module.get()));
-  if (found == nullptr) return module->forward(std::forward<Args>(args)...);
+  if (found == nullptr) return call(*module.get(), std::forward<Args>(args)...);
   detail::FSDPState& state = *found;
   std::vector<at::Tensor> inputs;
   (detail::collect(inputs, args), ...);
@@ -114,7 +111,7 @@ auto forward(M& module, Args&&... args) {
   std::tuple<decltype(detail::take(inputs, next, std::forward<Args>(args)))...> call_args{
       detail::take(inputs, next, std::forward<Args>(args))...};
   auto output =
-      std::apply([&](auto&&... a) { return module->forward(std::forward<decltype(a)>(a)...); },
+      std::apply([&](auto&&... a) { return call(*module.get(), std::forward<decltype(a)>(a)...); },
                  std::move(call_args));
   using Out = detail::Outputs<std::decay_t<decltype(output)>>;
   std::vector<at::Tensor> outputs;
@@ -123,6 +120,30 @@ auto forward(M& module, Args&&... args) {
   size_t put = 0;
   Out::put_back(outputs, put, output);
   return output;
+}
+
+}  // namespace detail
+
+/// Calls `module->forward(args...)` through FSDP. `module` is a ModuleHolder (e.g. Block)
+/// or a std::shared_ptr to the module's Impl. A module fully_shard was not applied to is
+/// simply called, so one model source serves sharded and unsharded runs.
+template <class M, class... Args>
+auto forward(M& module, Args&&... args) {
+  return detail::call_through_fsdp(
+      module, [](auto& impl, auto&&... a) { return impl.forward(std::forward<decltype(a)>(a)...); },
+      std::forward<Args>(args)...);
+}
+
+/// FSDP2's register_fsdp_forward_method: calls another method of the module (a generation
+/// step, an encoder-only pass) through the same hooks as forward(), so its parameters are
+/// unsharded for it and its gradients reduced after backward:
+///   `tdist::fsdp::forward_method(model, &GPTImpl::generate_step, ids)`.
+template <class M, class Method, class... Args>
+auto forward_method(M& module, Method method, Args&&... args) {
+  return detail::call_through_fsdp(
+      module,
+      [method](auto& impl, auto&&... a) { return (impl.*method)(std::forward<decltype(a)>(a)...); },
+      std::forward<Args>(args)...);
 }
 
 }  // namespace tdist::fsdp
