@@ -195,10 +195,12 @@ void add_generate_options(CLI::App& app, GenerateConfig& g) {
 
 void add_export_options(CLI::App& app, ExportConfig& x) {
   app.add_option("--run-dir", x.run_dir, "Training run directory (e.g. runs/gpt)")->required();
-  app.add_option("--format", x.format, "pt (torch.load) or safetensors")
-      ->check(CLI::IsMember({"pt", "safetensors"}))
+  app.add_option("--format", x.format,
+                 "pt (torch.load), safetensors, or dcp (a torch.distributed.checkpoint directory)")
+      ->check(CLI::IsMember({"pt", "safetensors", "dcp"}))
       ->capture_default_str();
-  app.add_option("--out", x.out, "File to write; the model config goes beside it (.json)")
+  app.add_option("--out", x.out,
+                 "File (dcp: directory) to write; the model config goes beside it (.json)")
       ->required();
   app.add_option("--step", x.step, "Checkpoint step (default: the newest complete one)");
 }

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "tdist/error.h"
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 #include "tdist/checkpoint/interchange.h"
+#include "tdist/checkpoint/module_state.h"
 #endif
 
 namespace gpt {
@@ -19,24 +21,32 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> export_run(const ExportConfig& config) {
 #ifdef TDIST_GPT_WITH_CHECKPOINT
-  TDIST_CHECK_ARG(config.format == "pt" || config.format == "safetensors",
-                  "gpt export: --format must be pt or safetensors, not '" + config.format + "'");
+  TDIST_CHECK_ARG(
+      config.format == "pt" || config.format == "safetensors" || config.format == "dcp",
+      "gpt export: --format must be pt, safetensors or dcp, not '" + config.format + "'");
   TDIST_CHECK_ARG(!config.out.empty(), "gpt export: --out names the file to write");
+  namespace ckpt = tdist::checkpoint;
   GPT model = load_model_from_run(config.run_dir, config.step);
-  const auto tensors = tdist::checkpoint::module_tensors(*model);
   const fs::path out(config.out);
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  if (config.format == "pt") {
-    tdist::checkpoint::export_torch_file(tensors, out.string());
+  if (config.format == "dcp") {
+    // A directory with the model's state as "model.<fqn>", like dcp.save({"model": sd}).
+    ckpt::save_module(*model, nullptr, {}, out.string(),
+                      ckpt::SaveOptions()
+                          .format(ckpt::CheckpointFormat::kDcp)
+                          .overwrite(true)
+                          .coordinator(std::make_shared<ckpt::LocalCoordinator>()));
+  } else if (config.format == "pt") {
+    ckpt::export_torch_file(ckpt::module_tensors(*model), out.string());
   } else {
-    tdist::checkpoint::save_safetensors(tensors, out.string(), {{"format", "pt"}});
+    ckpt::save_safetensors(ckpt::module_tensors(*model), out.string(), {{"format", "pt"}});
   }
   const auto& m = model->config();
   const nlohmann::json shape = {{"vocab_size", m.vocab_size}, {"block_size", m.block_size},
                                 {"n_layer", m.n_layer},       {"n_head", m.n_head},
                                 {"n_embd", m.n_embd},         {"tie_weights", m.tie_weights}};
   fs::path config_file = out;
-  config_file.replace_extension(".json");
+  config_file.replace_extension(".json");  // a dcp directory's too: beside it, not in it
   std::ofstream(config_file) << shape.dump(2) << "\n";
   return {out.string(), config_file.string()};
 #else

@@ -48,7 +48,7 @@ at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t si
     TDIST_THROW(CheckpointError, "checkpoint: metadata points at bytes outside '" + in.path() +
                                      "'; the metadata is corrupt");
   }
-  if (!verify_ || size == 0) {
+  if (!verify_ || size == 0 || info.block_bytes <= 0) {  // <= 0: a format without checksums
     at::Tensor out = at::empty({size}, at::kByte);
     in.read_at(offset, out.data_ptr(), size);
     bytes_read_ += size;

@@ -26,6 +26,7 @@ class BlockReader {
   /// Reads and verifies every block.
   void verify_whole(const std::string& file);
   int64_t bytes_read() const { return bytes_read_; }
+  bool verifies() const { return verify_; }
 
  private:
   const InputFile& open(const std::string& file);

@@ -11,13 +11,16 @@
 namespace tdist::checkpoint::detail {
 namespace {
 
-constexpr uint32_t kPolynomial = 0x82F63B78u;  // reflected Castagnoli
+constexpr uint32_t kPolynomial = 0x82F63B78u;     // reflected Castagnoli
+constexpr uint32_t kZipPolynomial = 0xEDB88320u;  // reflected IEEE 802.3, zip's CRC-32
 
-std::array<std::array<uint32_t, 256>, 8> make_tables() {
+using Tables = std::array<std::array<uint32_t, 256>, 8>;
+
+Tables make_tables(uint32_t polynomial) {
   std::array<std::array<uint32_t, 256>, 8> t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPolynomial : c >> 1;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ polynomial : c >> 1;
     t[0][i] = c;
   }
   for (uint32_t i = 0; i < 256; ++i) {
@@ -26,8 +29,8 @@ std::array<std::array<uint32_t, 256>, 8> make_tables() {
   return t;
 }
 
-uint32_t crc32c_software(uint32_t crc, const uint8_t* p, size_t n) {
-  static const auto t = make_tables();
+/// Slicing-by-8 over either polynomial's tables.
+uint32_t crc_software(const Tables& t, uint32_t crc, const uint8_t* p, size_t n) {
   crc = ~crc;
   while (n >= 8) {
     uint64_t v;
@@ -40,6 +43,11 @@ uint32_t crc32c_software(uint32_t crc, const uint8_t* p, size_t n) {
   }
   while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xff];
   return ~crc;
+}
+
+uint32_t crc32c_software(uint32_t crc, const uint8_t* p, size_t n) {
+  static const Tables t = make_tables(kPolynomial);
+  return crc_software(t, crc, p, n);
 }
 
 #if defined(__x86_64__)
@@ -73,6 +81,11 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t size) {
   if (hw) return crc32c_sse42(crc, p, size);
 #endif
   return crc32c_software(crc, p, size);
+}
+
+uint32_t zip_crc32(uint32_t crc, const void* data, size_t size) {
+  static const Tables t = make_tables(kZipPolynomial);
+  return crc_software(t, crc, static_cast<const uint8_t*>(data), size);
 }
 
 }  // namespace tdist::checkpoint::detail

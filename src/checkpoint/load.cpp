@@ -11,6 +11,8 @@
 #include "checkpoint/block_reader.h"
 #include "checkpoint/box.h"
 #include "checkpoint/dtype.h"
+#include "checkpoint/torch_blob.h"
+#include "checkpoint/zip_check.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/error.h"
 
@@ -25,12 +27,10 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return json(shape).dump();
 }
 
-/// Copies the part of `chunk` that meets `target` into `local` (whose box is target).
-int64_t copy_overlap(const std::string& name, const TensorInfo& info, const ChunkInfo& chunk,
-                     const Box& target, const at::Tensor& local, detail::BlockReader& reader) {
-  const Box saved{chunk.offsets, chunk.sizes};
-  const Box common = detail::intersect(saved, target);
-  if (common.numel() == 0) return 0;
+/// The saved values of `chunk`'s box `common` (within the chunk's box `saved`).
+at::Tensor read_raw(const std::string& name, const TensorInfo& info, const ChunkInfo& chunk,
+                    const Box& saved, const Box& common, detail::BlockReader& reader,
+                    at::Tensor* keep_alive) {
   const auto dtype = detail::dtype_from_name(info.dtype, "'" + name + "'");
   const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
   if (chunk.byte_length != saved.numel() * element) {
@@ -40,22 +40,54 @@ int64_t copy_overlap(const std::string& name, const TensorInfo& info, const Chun
                                      std::to_string(saved.numel()) + " elements)");
   }
   const detail::ElementRange range = detail::element_range(saved, common);
-  const at::Tensor bytes = reader.read(chunk.file, chunk.byte_offset + range.first * element,
-                                       (range.end - range.first) * element);
-  const at::Tensor source =
-      at::from_blob(bytes.data_ptr(), common.sizes, range.strides,
-                    at::TensorOptions().dtype(dtype));  // a view of `bytes`, alive below
+  *keep_alive = reader.read(chunk.file, chunk.byte_offset + range.first * element,
+                            (range.end - range.first) * element);
+  return at::from_blob(keep_alive->data_ptr(), common.sizes, range.strides,
+                       at::TensorOptions().dtype(dtype));  // a view of *keep_alive
+}
+
+/// A DCP chunk is one torch.save of the chunk: decoded whole, then narrowed to `common`.
+at::Tensor read_torch_saved(const std::string& name, const ChunkInfo& chunk, const Box& saved,
+                            const Box& common, detail::BlockReader& reader) {
+  const at::Tensor bytes = reader.read(chunk.file, chunk.byte_offset, chunk.byte_length);
+  const std::string where = "the chunk of '" + name + "' at offsets " + json(chunk.offsets).dump() +
+                            " in '" + chunk.file + "'";
+  if (reader.verifies()) detail::check_zip_crcs(bytes.data_ptr(), bytes.numel(), where);
+  const c10::IValue value = detail::torch_load_bytes(bytes.data_ptr(), bytes.numel(), where);
+  if (!value.isTensor() || value.toTensor().sizes().vec() != saved.sizes) {
+    TDIST_THROW(CheckpointError, "checkpoint: " + where + " does not hold a tensor of sizes " +
+                                     json(saved.sizes).dump() + "; the checkpoint is corrupt");
+  }
+  at::Tensor source = value.toTensor();
+  for (size_t d = 0; d < common.sizes.size(); ++d) {
+    source = source.narrow(static_cast<int64_t>(d), common.offsets[d] - saved.offsets[d],
+                           common.sizes[d]);
+  }
+  return source;
+}
+
+/// Copies the part of `chunk` that meets `target` into `local` (whose box is target).
+int64_t copy_overlap(const std::string& name, const TensorInfo& info, const ChunkInfo& chunk,
+                     CheckpointFormat format, const Box& target, const at::Tensor& local,
+                     detail::BlockReader& reader) {
+  const Box saved{chunk.offsets, chunk.sizes};
+  const Box common = detail::intersect(saved, target);
+  if (common.numel() == 0) return 0;
+  at::Tensor keep_alive;
+  const at::Tensor source = format == CheckpointFormat::kDcp
+                                ? read_torch_saved(name, chunk, saved, common, reader)
+                                : read_raw(name, info, chunk, saved, common, reader, &keep_alive);
   at::Tensor dest = local;
   for (size_t d = 0; d < common.sizes.size(); ++d) {
     dest = dest.narrow(static_cast<int64_t>(d), common.offsets[d] - target.offsets[d],
                        common.sizes[d]);
   }
-  dest.copy_(source);
+  dest.copy_(source);  // DCP: converts the dtype, as Python's dcp.load does
   return common.numel();
 }
 
 void load_one(const std::string& name, ShardedTensor& st, const TensorInfo& info,
-              detail::BlockReader& reader) {
+              CheckpointFormat format, detail::BlockReader& reader) {
   if (st.global_shape != info.global_shape) {
     TDIST_THROW(CheckpointError, "checkpoint: '" + name + "' was saved with shape " +
                                      shape_string(info.global_shape) + " but is requested as " +
@@ -63,7 +95,7 @@ void load_one(const std::string& name, ShardedTensor& st, const TensorInfo& info
                                      "; the model definition differs from the saved one");
   }
   const std::string dtype = detail::dtype_name(st.local.scalar_type());
-  if (dtype != info.dtype) {
+  if (dtype != info.dtype && format == CheckpointFormat::kTdist) {
     TDIST_THROW(CheckpointError, "checkpoint: '" + name + "' was saved as " + info.dtype +
                                      " but the target is " + dtype +
                                      "; load into a tensor of the saved dtype, then convert");
@@ -76,7 +108,7 @@ void load_one(const std::string& name, ShardedTensor& st, const TensorInfo& info
   if (target.numel() == 0) return;
   int64_t covered = 0;
   for (const auto& chunk : info.chunks) {
-    covered += copy_overlap(name, info, chunk, target, st.local, reader);
+    covered += copy_overlap(name, info, chunk, format, target, st.local, reader);
   }
   if (covered != target.numel()) {
     TDIST_THROW(CheckpointError, "checkpoint: the saved chunks of '" + name + "' cover " +
@@ -106,7 +138,7 @@ LoadResult load(ShardedStateDict& state, const std::string& dir, const LoadOptio
         missing.push_back(name);
         continue;
       }
-      load_one(name, st, it->second, reader);
+      load_one(name, st, it->second, metadata.format, reader);
     }
     for (const auto& [name, info] : metadata.tensors) {
       if (state.count(name) == 0) result.unexpected_keys.push_back(name);
@@ -157,7 +189,7 @@ VerifyReport verify(const std::string& dir, bool read_data) {
   if (is_partial_dir_name(base)) {
     return {CheckpointStatus::kIncomplete, "'" + dir + "' is a save that never committed"};
   }
-  if (!fs::exists(fs::path(dir) / kMetadataFile)) {
+  if (!fs::exists(fs::path(dir) / kMetadataFile) && !fs::exists(fs::path(dir) / kDcpMetadataFile)) {
     return {CheckpointStatus::kIncomplete,
             "'" + dir + "' has no " + kMetadataFile + ": its save never committed"};
   }
@@ -166,7 +198,7 @@ VerifyReport verify(const std::string& dir, bool read_data) {
     detail::BlockReader reader(dir, metadata.files, true);
     for (const auto& [file, info] : metadata.files) {
       reader.check_size(file);
-      if (read_data) reader.verify_whole(file);
+      if (read_data && metadata.format == CheckpointFormat::kTdist) reader.verify_whole(file);
     }
     for (const auto& [name, t] : metadata.tensors) {
       for (const auto& c : t.chunks) {
@@ -175,6 +207,10 @@ VerifyReport verify(const std::string& dir, bool read_data) {
             c.byte_offset + c.byte_length > it->second.size) {
           return {CheckpointStatus::kCorrupt, "metadata of '" + dir + "': a chunk of '" + name +
                                                   "' points outside file '" + c.file + "'"};
+        }
+        if (read_data && metadata.format == CheckpointFormat::kDcp) {
+          const Box box{c.offsets, c.sizes};
+          read_torch_saved(name, c, box, box, reader);  // checks its records' CRC-32
         }
       }
     }

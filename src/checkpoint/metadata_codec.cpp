@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/file_io.h"
 #include "tdist/error.h"
 
@@ -166,13 +167,21 @@ CheckpointMetadata decode_metadata(const std::string& bytes, const std::string& 
 
 }  // namespace detail
 
+std::string to_string(CheckpointFormat format) {
+  return format == CheckpointFormat::kDcp ? "dcp" : "tdist";
+}
+
 CheckpointMetadata read_metadata(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kMetadataFile).string();
-  if (!std::filesystem::exists(path)) {
-    TDIST_THROW(CheckpointError, "checkpoint: no '" + std::string(kMetadataFile) + "' in '" + dir +
-                                     "': not a checkpoint, or its save never committed");
+  if (std::filesystem::exists(path)) {
+    return detail::decode_metadata(detail::read_whole_file(path), path);
   }
-  return detail::decode_metadata(detail::read_whole_file(path), path);
+  if (std::filesystem::exists(std::filesystem::path(dir) / kDcpMetadataFile)) {
+    return detail::read_dcp_metadata(dir);
+  }
+  TDIST_THROW(CheckpointError, "checkpoint: no '" + std::string(kMetadataFile) + "' (tdist) or '" +
+                                   kDcpMetadataFile + "' (torch.distributed.checkpoint) in '" +
+                                   dir + "': not a checkpoint, or its save never committed");
 }
 
 }  // namespace tdist::checkpoint

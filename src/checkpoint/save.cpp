@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -14,6 +15,8 @@
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/box.h"
+#include "checkpoint/dcp_metadata.h"
+#include "checkpoint/dcp_writer.h"
 #include "checkpoint/dtype.h"
 #include "checkpoint/fault.h"
 #include "checkpoint/file_io.h"
@@ -199,6 +202,43 @@ json write_shard_file(const ShardedStateDict& state, const std::vector<PlannedCh
   return out;
 }
 
+/// The DCP format's counterpart of write_shard_file; rank 0 also stores every rank's extra
+/// state (gathered in the plan round).
+json write_dcp_rank_file(const ShardedStateDict& state, const std::vector<PlannedChunk>& plan,
+                         const std::vector<Report>& plans, int rank, const std::string& partial_dir,
+                         const SaveOptions& options, const FaultInjection& fault) {
+  std::vector<detail::SliceToWrite> slices;
+  for (const auto& c : plan) {
+    if (c.owner == rank) slices.push_back({c.name, c.box.offsets, state.at(c.name).local});
+  }
+  std::string extras;
+  if (rank == 0) {
+    json all = json::array();
+    for (const auto& p : plans) all.push_back(p.payload.at("extra"));
+    extras = all.dump();
+  }
+  return detail::write_dcp_file(slices, rank == 0 ? &extras : nullptr, rank, partial_dir,
+                                options.fsync(),
+                                [&] { detail::maybe_inject(fault, rank, SavePhase::kWrite); });
+}
+
+/// The committed metadata file's name and bytes, in the format asked for.
+std::pair<const char*, std::string> encode_for_format(const CheckpointMetadata& metadata,
+                                                      const json& rank0_write,
+                                                      const std::string& final_dir,
+                                                      const std::string& token) {
+  if (metadata.format == CheckpointFormat::kTdist) {
+    return {kMetadataFile, detail::encode_metadata(metadata)};
+  }
+  std::optional<detail::DcpByteEntry> extra;
+  if (rank0_write.contains("extra_state")) {
+    const auto& e = rank0_write.at("extra_state");
+    extra = detail::DcpByteEntry{e.at("file").get<std::string>(), e.at("offset").get<int64_t>(),
+                                 e.at("length").get<int64_t>()};
+  }
+  return {kDcpMetadataFile, detail::encode_dcp_metadata(metadata, extra, final_dir, token)};
+}
+
 CheckpointMetadata assemble_metadata(const std::vector<Report>& writes,
                                      std::map<std::string, TensorInfo> tensors) {
   CheckpointMetadata m;
@@ -302,7 +342,10 @@ void save(const ShardedStateDict& state, const ExtraState& extra, const std::str
   // ---- Phase 2: every rank writes its own file, in parallel.
   Report write_report;
   try {
-    write_report.payload = write_shard_file(state, plan, rank, partial, options, fault);
+    write_report.payload =
+        options.format() == CheckpointFormat::kDcp
+            ? write_dcp_rank_file(state, plan, plans, rank, partial, options, fault)
+            : write_shard_file(state, plan, rank, partial, options, fault);
     write_report.payload["extra"] = extra.to_json();
     detail::maybe_inject(fault, rank, SavePhase::kAfterWrite);
   } catch (const std::exception& e) {
@@ -323,11 +366,14 @@ void save(const ShardedStateDict& state, const ExtraState& extra, const std::str
   if (rank == 0) {
     bool committed = false;
     try {
-      const CheckpointMetadata metadata = assemble_metadata(writes, std::move(tensors));
-      const std::string final_meta = (fs::path(partial) / kMetadataFile).string();
+      CheckpointMetadata metadata = assemble_metadata(writes, std::move(tensors));
+      metadata.format = options.format();
+      const auto [meta_name, bytes] =
+          encode_for_format(metadata, writes[0].payload, paths.final_dir,
+                            plans[0].payload.at("token").get<std::string>());
+      const std::string final_meta = (fs::path(partial) / meta_name).string();
       const std::string tmp_meta = final_meta + ".tmp";
       {
-        const std::string bytes = detail::encode_metadata(metadata);
         detail::OutputFile out(tmp_meta, 1 << 20);
         out.write(bytes.data(), bytes.size());
         out.close(options.fsync());

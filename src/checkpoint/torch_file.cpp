@@ -8,6 +8,7 @@
 #include <torch/serialize.h>
 
 #include "checkpoint/file_io.h"
+#include "checkpoint/torch_blob.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/error.h"
 
@@ -46,27 +47,51 @@ std::vector<char> pickle_untagged(const c10::IValue& value) {
   return container;
 }
 
+/// Tensors anywhere in `value` replaced by standalone copies.
+c10::IValue standalone_tensors(const c10::IValue& value) {
+  if (value.isTensor()) return standalone(value.toTensor());
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict dict(value.toGenericDict().keyType(), value.toGenericDict().valueType());
+    for (const auto& e : value.toGenericDict()) dict.insert(e.key(), standalone_tensors(e.value()));
+    return dict;
+  }
+  return value;
+}
+
 }  // namespace
+
+namespace detail {
+
+std::string torch_save_bytes(const c10::IValue& value) {
+  const std::vector<char> bytes = pickle_untagged(standalone_tensors(value));
+  return std::string(bytes.begin(), bytes.end());
+}
+
+c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where) {
+  const char* p = static_cast<const char*>(data);
+  try {
+    return torch::pickle_load(std::vector<char>(p, p + size));
+  } catch (const std::exception& e) {
+    TDIST_THROW(CheckpointError,
+                "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");
+  }
+}
+
+}  // namespace detail
 
 void export_torch_file(const TensorMap& tensors, const std::string& path) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, t] : tensors) {
     TDIST_CHECK_ARG(t.defined(), "export_torch_file: tensor '" + name + "' is undefined");
-    dict.insert(name, standalone(t));
+    dict.insert(name, t);
   }
-  const std::vector<char> bytes = pickle_untagged(c10::IValue(dict));
-  detail::write_file_atomic(path, std::string(bytes.begin(), bytes.end()), true);
+  detail::write_file_atomic(path, detail::torch_save_bytes(c10::IValue(dict)), true);
 }
 
 TensorMap import_torch_file(const std::string& path) {
   const std::string bytes = detail::read_whole_file(path);
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    TDIST_THROW(CheckpointError, "import_torch_file: '" + path +
-                                     "' is not a readable torch file (" + e.what() + ")");
-  }
+  const c10::IValue value =
+      detail::torch_load_bytes(bytes.data(), bytes.size(), "import_torch_file: '" + path + "'");
   if (!value.isGenericDict()) {
     TDIST_THROW(CheckpointError,
                 "import_torch_file: '" + path + "' holds a " + value.tagKind() +

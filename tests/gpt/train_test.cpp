@@ -160,9 +160,10 @@ TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
 
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 // `gpt export` hands a run to Python: the Python twin of the model
-// (examples/gpt/python/gpt_export.py) loads each format and, greedy, continues a prompt
+// (examples/gpt/python/gpt_export.py) loads each format (pt, safetensors, a
+// torch.distributed.checkpoint directory) and, greedy, continues a prompt
 // with exactly the text the C++ model gives.
-TEST(GptExport, PythonLoadsBothFormatsAndGeneratesWhatCppGenerates) {
+TEST(GptExport, PythonLoadsEveryFormatAndGeneratesWhatCppGenerates) {
   const char* python = std::getenv("TDIST_TEST_PYTHON");
   if (python == nullptr ||
       std::system(
@@ -185,7 +186,7 @@ TEST(GptExport, PythonLoadsBothFormatsAndGeneratesWhatCppGenerates) {
   // An older step is another model (it was trained less).
   auto step3 = gpt::load_model_from_run(dir, 3);
   EXPECT_FALSE(step3->wte->weight.equal(model->wte->weight));
-  for (const std::string format : {"pt", "safetensors"}) {
+  for (const std::string format : {"pt", "safetensors", "dcp"}) {
     SCOPED_TRACE(format);
     gpt::ExportConfig x;
     x.run_dir = dir;

@@ -1,14 +1,18 @@
-// ckpt-inspect: show what a tdist checkpoint holds and whether it is intact.
+// ckpt-inspect: show what a checkpoint (tdist's, or PyTorch's distributed checkpoint) holds
+// and whether it is intact.
 //   ckpt-inspect <dir>            tensors, files, extra state; metadata + sizes checked
-//   ckpt-inspect --verify <dir>   also reads every block and checks its CRC32C
+//   ckpt-inspect --verify <dir>   also reads every block and checks its CRC32C (a DCP
+//                                 checkpoint: decodes every slice, checking its zip CRC)
 //   ckpt-inspect --list <root>    the step directories of a CheckpointManager root
-//   ckpt-inspect --export <dir> <pt|safetensors> <out> [prefix]
-//                                 its tensors gathered whole into one file Python reads
-//                                 (prefix, e.g. "model.", selects and strips names)
+//   ckpt-inspect --export <dir> <pt|safetensors|dcp> <out> [prefix]
+//                                 its tensors gathered whole into one file Python reads, or
+//                                 into a torch.distributed.checkpoint directory (prefix, e.g.
+//                                 "model.", selects and strips names)
 // Exit status: 0 complete, 1 incomplete/corrupt/missing, 2 usage.
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "tdist/checkpoint/checkpoint.h"
@@ -32,8 +36,8 @@ int show(const std::string& dir, bool read_data) {
   if (!report.detail.empty()) std::cout << "  " << report.detail << "\n";
   if (report.status != ckpt::CheckpointStatus::kComplete) return 1;
   const ckpt::CheckpointMetadata m = ckpt::read_metadata(dir);
-  std::cout << "saved at world size " << m.world_size << "; " << m.tensors.size() << " tensors in "
-            << m.files.size() << " files\n";
+  std::cout << "format " << ckpt::to_string(m.format) << "; saved at world size " << m.world_size
+            << "; " << m.tensors.size() << " tensors in " << m.files.size() << " files\n";
   for (const auto& [name, f] : m.files) {
     std::cout << "  " << name << "  rank " << f.rank << "  " << f.size << " bytes  "
               << f.block_crc32c.size() << " blocks of " << f.block_bytes << "\n";
@@ -50,8 +54,8 @@ int show(const std::string& dir, bool read_data) {
 
 int export_to(const std::string& dir, const std::string& format, const std::string& out,
               const std::string& prefix) {
-  if (format != "pt" && format != "safetensors") {
-    std::cerr << "ckpt-inspect --export: format must be pt or safetensors, not '" << format
+  if (format != "pt" && format != "safetensors" && format != "dcp") {
+    std::cerr << "ckpt-inspect --export: format must be pt, safetensors or dcp, not '" << format
               << "'\n";
     return 2;
   }
@@ -64,6 +68,14 @@ int export_to(const std::string& dir, const std::string& format, const std::stri
     }
     if (format == "pt") {
       ckpt::export_torch_file(tensors, out);
+    } else if (format == "dcp") {
+      tdist::ShardedStateDict whole;
+      for (const auto& [name, t] : tensors) whole[name] = tdist::ShardedTensor::whole(t);
+      const auto extras = ckpt::read_metadata(dir).extra_per_rank;
+      ckpt::save(whole, extras.empty() ? ckpt::ExtraState{} : extras[0], out,
+                 ckpt::SaveOptions()
+                     .format(ckpt::CheckpointFormat::kDcp)
+                     .coordinator(std::make_shared<ckpt::LocalCoordinator>()));
     } else {
       ckpt::save_safetensors(tensors, out);
     }
@@ -94,6 +106,6 @@ int main(int argc, char** argv) {
   }
   if (argc == 2 && argv[1][0] != '-') return show(argv[1], false);
   std::cerr << "usage: ckpt-inspect [--verify] <checkpoint-dir> | --list <manager-root> | "
-               "--export <checkpoint-dir> <pt|safetensors> <out> [prefix]\n";
+               "--export <checkpoint-dir> <pt|safetensors|dcp> <out> [prefix]\n";
   return 2;
 }

@@ -2,7 +2,7 @@
 
     import sys; sys.path.insert(0, "examples/gpt/python")
     import gpt_export
-    model = gpt_export.load("runs/quickstart/export/gpt.safetensors")  # or gpt.pt
+    model = gpt_export.load("runs/quickstart/export/gpt.safetensors")  # or gpt.pt, gpt.dcp/
     print(gpt_export.generate(model, "And God said", 200))
 
 The module tree and parameter names are the C++ model's (examples/gpt/model.cpp), so
@@ -77,10 +77,21 @@ class GPT(nn.Module):
 
 
 def load(path):
-    """The exported GPT at `path` (.pt or .safetensors), its config read from the .json beside it."""
+    """The exported GPT at `path` (.pt, .safetensors or a dcp directory), its config read from
+    the .json beside it."""
+    path = path.rstrip("/")
     with open(os.path.splitext(path)[0] + ".json") as f:
         model = GPT(json.load(f))
-    if path.endswith(".safetensors"):
+    if os.path.isdir(path):  # torch.distributed.checkpoint: tdist names the model "model.<fqn>"
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        state = model.state_dict()
+        with warnings.catch_warnings():  # "no process group: assuming a single process" is right
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": state}, checkpoint_id=path)
+    elif path.endswith(".safetensors"):
         from safetensors.torch import load_file
         state = load_file(path)
     else:

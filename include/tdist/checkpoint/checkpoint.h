@@ -4,7 +4,8 @@
 // says where each slice of each tensor lives; a checkpoint saved at world size N loads at
 // any world size M into any layout of ShardedTensors (see docs/checkpoint.md).
 //
-// Layout of a checkpoint directory <dir>:
+// Layout of a checkpoint directory <dir> (tdist's format; SaveOptions::format can ask for
+// PyTorch's distributed checkpoint instead, and load() reads either):
 //   metadata.json        table of contents + extra state, checksummed (see metadata.h)
 //   shard-00003.bin      the slices rank 3 wrote, each 64 KiB block covered by a CRC32C
 // A save writes into <parent>/.<name>.partial-<token>/ and renames it to <dir> only after
@@ -56,6 +57,9 @@ struct SaveOptions {
   /// fsync data, metadata and directories (off only for throwaway test data).
   TDIST_ARG(bool, fsync) = true;
   TDIST_ARG(FaultInjection, fault) = FaultInjection{};
+  /// kDcp: PyTorch's torch.distributed.checkpoint layout, which Python's dcp.load reads
+  /// (checksum_block_bytes then unused: each slice carries its zip CRC). Same atomic commit.
+  TDIST_ARG(CheckpointFormat, format) = CheckpointFormat::kTdist;
 };
 
 struct LoadOptions {

@@ -1,8 +1,9 @@
 #pragma once
 
-// The checkpoint's table of contents, kept in <dir>/metadata.json. Its first line is
-// "tdist-checkpoint v1 crc32c=<8 hex> bytes=<n>" and covers the JSON that follows, so a
-// flipped byte in the metadata is caught like one in the data.
+// The checkpoint's table of contents. In tdist's own format it is <dir>/metadata.json,
+// whose first line "tdist-checkpoint v1 crc32c=<8 hex> bytes=<n>" covers the JSON that
+// follows, so a flipped byte in the metadata is caught like one in the data. A PyTorch
+// distributed checkpoint's <dir>/.metadata (a pickle) is read into the same description.
 
 #include <cstdint>
 #include <map>
@@ -14,9 +15,22 @@
 namespace tdist::checkpoint {
 
 constexpr const char* kMetadataFile = "metadata.json";
+constexpr const char* kDcpMetadataFile = ".metadata";
 constexpr int kFormatVersion = 1;
 
-/// One saved slice of a tensor: a box of the global tensor, stored contiguously (row-major).
+/// How a checkpoint directory lays out its data (docs/checkpoint.md, "Formats").
+enum class CheckpointFormat {
+  /// metadata.json + shard-<rank>.bin: raw slices, a CRC32C per block. The default.
+  kTdist,
+  /// PyTorch's torch.distributed.checkpoint (FileSystemWriter's layout): .metadata, a
+  /// pickle of its dataclasses, + __<rank>_0.distcp files holding one torch.save per slice.
+  /// Python's dcp.load reads it; no checksums beyond the zip CRC of each slice.
+  kDcp,
+};
+std::string to_string(CheckpointFormat format);
+
+/// One saved slice of a tensor: a box of the global tensor, stored contiguously (row-major);
+/// in the DCP format the bytes are a torch.save of the slice.
 struct ChunkInfo {
   std::vector<int64_t> offsets;
   std::vector<int64_t> sizes;
@@ -37,11 +51,13 @@ struct TensorInfo {
 struct FileInfo {
   int rank = -1;
   int64_t size = 0;
+  /// 0: no checksums (the DCP format).
   int64_t block_bytes = 0;
   std::vector<uint32_t> block_crc32c;
 };
 
 struct CheckpointMetadata {
+  CheckpointFormat format = CheckpointFormat::kTdist;
   int version = kFormatVersion;
   int world_size = 1;
   std::map<std::string, TensorInfo> tensors;
@@ -50,8 +66,9 @@ struct CheckpointMetadata {
   std::vector<ExtraState> extra_per_rank;
 };
 
-/// Reads and checks <dir>/metadata.json; throws CheckpointError naming the file when it is
-/// missing, truncated or fails its checksum.
+/// Reads and checks <dir>/metadata.json, or a distributed checkpoint's <dir>/.metadata; throws
+/// CheckpointError naming the file when it is missing, truncated, fails its checksum, or
+/// (.metadata) names anything but the dataclasses of torch.distributed.checkpoint.
 CheckpointMetadata read_metadata(const std::string& dir);
 
 }  // namespace tdist::checkpoint

@@ -1,0 +1,40 @@
+#pragma once
+
+// The `.metadata` of PyTorch's distributed checkpoint (torch.distributed.checkpoint's
+// FileSystemWriter): a pickle of its Metadata dataclass. Written with exactly the fields
+// Python's reader needs; read through pickle_reader's allow-list into a CheckpointMetadata.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tdist/checkpoint/metadata.h"
+
+namespace tdist::checkpoint::detail {
+
+/// The entry (BytesStorageMetadata) holding every saving rank's ExtraState as one JSON
+/// array, torch.save'd as a string; Python sees it as one more key and ignores it.
+constexpr const char* kDcpExtraStateKey = "tdist.extra_state";
+
+/// Where a byte entry lies in the checkpoint's files.
+struct DcpByteEntry {
+  std::string file;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+/// The pickle for `metadata`'s tensors (each chunk a torch.save blob in its file), plus
+/// the extra-state entry when given. `checkpoint_id` and `save_id` go to StorageMeta.
+std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
+                                const std::optional<DcpByteEntry>& extra_state,
+                                const std::string& checkpoint_id, const std::string& save_id);
+
+/// Reads <dir>/.metadata (and the extra-state entry when present). Byte entries other than
+/// tdist's (Python's param_groups and other objects) are skipped: tdist loads tensors.
+CheckpointMetadata read_dcp_metadata(const std::string& dir);
+
+/// The name's place in a nested state dict, as Python's flatten_state_dict records it:
+/// "model.<fqn>" -> (model, fqn), "optim.state.<fqn>.<key>" -> (optim, state, fqn, key).
+std::vector<std::string> dcp_state_dict_path(const std::string& name);
+
+}  // namespace tdist::checkpoint::detail

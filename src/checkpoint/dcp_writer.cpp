@@ -1,0 +1,58 @@
+#include "checkpoint/dcp_writer.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/torch_blob.h"
+
+namespace tdist::checkpoint::detail {
+
+nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
+                              const std::string* extra_state_json, int rank, const std::string& dir,
+                              bool fsync, const std::function<void()>& halfway) {
+  nlohmann::json out = {{"file", nullptr}, {"chunks", nlohmann::json::array()}};
+  if (slices.empty() && extra_state_json == nullptr) {
+    halfway();
+    return out;
+  }
+  char name[32];
+  std::snprintf(name, sizeof(name), "__%d_0.distcp", rank);
+  OutputFile file((std::filesystem::path(dir) / name).string(), 1 << 20);
+  auto append = [&](const std::string& blob) {
+    const int64_t offset = file.size();
+    file.write(blob.data(), blob.size());
+    return nlohmann::json{{"file", name},
+                          {"byte_offset", offset},
+                          {"byte_length", static_cast<int64_t>(blob.size())}};
+  };
+  if (extra_state_json != nullptr) {
+    const auto where = append(torch_save_bytes(c10::IValue(*extra_state_json)));
+    out["extra_state"] = {
+        {"file", name}, {"offset", where.at("byte_offset")}, {"length", where.at("byte_length")}};
+  }
+  bool injected = false;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const SliceToWrite& s = slices[i];
+    auto record = append(torch_save_bytes(c10::IValue(s.data)));
+    record["name"] = s.name;
+    record["offsets"] = s.offsets;
+    record["sizes"] = s.data.sizes().vec();
+    out["chunks"].push_back(std::move(record));
+    if (!injected && 2 * (i + 1) >= slices.size()) {
+      injected = true;
+      halfway();
+    }
+  }
+  if (!injected) halfway();
+  const int64_t size = file.size();
+  file.close(fsync);
+  out["file"] = {{"name", name},
+                 {"rank", rank},
+                 {"size", size},
+                 {"block_bytes", 0},
+                 {"block_crc32c", nlohmann::json::array()}};
+  return out;
+}
+
+}  // namespace tdist::checkpoint::detail

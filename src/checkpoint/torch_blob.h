@@ -1,0 +1,20 @@
+#pragma once
+
+// PyTorch's serialization (torch.save / torch.load) of one value to and from bytes in
+// memory: a whole .pt file, or one entry of a distributed checkpoint's .distcp file.
+
+#include <cstddef>
+#include <string>
+
+#include <ATen/core/ivalue.h>
+
+namespace tdist::checkpoint::detail {
+
+/// What torch.save(value) writes: tensors saved alone (contiguous, on the CPU), containers
+/// untagged, so Python's torch.load(weights_only=True) reads it.
+std::string torch_save_bytes(const c10::IValue& value);
+
+/// What torch.load returns for torch.save's bytes; `where` names them in errors.
+c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where);
+
+}  // namespace tdist::checkpoint::detail
