@@ -142,7 +142,9 @@ void FSDPState::root_post_backward_final_callback() {
     if (s->group_) s->group_->finalize_backward();
   }
   if (comm_) {
-    comm_->finish_pending_reduce();
+    // Not the last backward: the last reduce-scatter stays in flight; its group finishes it
+    // at its next pre-backward (ParamGroup::pre_backward), before it stashes gradients.
+    if (is_last_backward_) comm_->finish_pending_reduce();
     comm_->end_step();
   }
 }

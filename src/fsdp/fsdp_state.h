@@ -29,6 +29,7 @@ class FSDPState {
   void set_parent(FSDPState* parent) { parent_ = parent; }
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
   FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
+  void set_is_last_backward(bool last) { is_last_backward_ = last; }
   bool is_root() const { return is_root_; }
   /// The root's comm context (null before the first forward, and on non-roots).
   CommContext* comm() const { return comm_.get(); }
@@ -60,6 +61,7 @@ class FSDPState {
   std::unique_ptr<CommContext> comm_;
   bool in_forward_ = false;
   bool callback_queued_ = false;
+  bool is_last_backward_ = true;  // read on the root (FSDPModule::set_is_last_backward)
   bool bypass_checked_ = false;
   bool ran_forward_this_step_ = false;
   FSDPStats stats_;  // used when the module has no own parameters

@@ -351,6 +351,18 @@ void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recu
   }
 }
 
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  std::vector<detail::FSDPState*> states =
+      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
+  for (detail::FSDPState* s : states) {
+    if (auto* g = s->group()) g->set_requires_all_reduce(requires_all_reduce);
+  }
+}
+
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  state().set_is_last_backward(is_last_backward);
+}
+
 void FSDPModule::set_gradient_divide_factor(double factor) {
   TDIST_CHECK_ARG(factor > 0, "set_gradient_divide_factor: the factor must be positive, got " +
                                   std::to_string(factor));

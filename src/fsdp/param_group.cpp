@@ -490,6 +490,10 @@ void ParamGroup::post_forward() {
 void ParamGroup::pre_backward() {
   if (training_state_ == TrainingState::kPreBackward) return;  // one hook per output node
   TraceScope trace("FSDP::pre_backward", label_);
+  // The previous backward was not the last (set_is_last_backward(false)) and left this
+  // group's reduce-scatter in flight: land it before stashing the gradients it updates.
+  if (reduce_pending_ && comm_ != nullptr) comm_->finish_pending_reduce();
+  if (reduce_pending_) finish_reduce();
   training_state_ = TrainingState::kPreBackward;
   {
     CopyTimer copy(stats_);  // accumulates onto an earlier stash (gradient accumulation)
@@ -568,7 +572,17 @@ void ParamGroup::finish_reduce() {
   double divisor = group_->size();
   const ProcessGroupPtr& replicas = config_.replicate_group;
   if (replicas && replicas->size() > 1) {
+    if (!requires_all_reduce_) {
+      hold_partial_reduce();
+      return;
+    }
+    if (partial_reduce_.defined()) {
+      CopyTimer copy(stats_);
+      reduce_.output.add_(partial_reduce_);
+      partial_reduce_ = at::Tensor();
+    }
     TraceScope trace("FSDP::all_reduce_replicas", label_);
+    ++stats_.all_reduces;
     WorkPtr work;
     {
       CommTimer issue(stats_.comm_issue_ns);
@@ -594,6 +608,28 @@ void ParamGroup::finish_reduce() {
     // which autograd refuses on views; the buffer is freed right after.
     raw_[i]->accumulate_sharded_grad(
         reduced_shard_grad(reduce_, *raw_[i], flat_.offsets[i]).clone());
+  }
+  reduce_ = ReduceScatterResult();
+  reduce_pending_ = false;
+}
+
+// Note [Accumulation without all-reduce]
+// With set_requires_all_reduce(false), a backward's reduce-scatter output (this rank's shard
+// summed over the shard group) is added to partial_reduce_ instead of being all-reduced
+// across replicas, divided and installed; the stashed gradients go back unchanged. The next
+// backward that all-reduces adds partial_reduce_ first, so one all-reduce carries the sum of
+// every skipped backward: the same gradient as all-reducing each, with one collective.
+void ParamGroup::hold_partial_reduce() {
+  CopyTimer copy(stats_);
+  if (partial_reduce_.defined()) {
+    partial_reduce_.add_(reduce_.output);
+  } else {
+    partial_reduce_ = reduce_.output.clone();  // the output may be a pooled or persistent buffer
+  }
+  for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
+  if (fast_) {
+    reduce_in_.release();
+    if (!reduce_direct_) reduce_tmp_.release();
   }
   reduce_ = ReduceScatterResult();
   reduce_pending_ = false;

@@ -72,6 +72,8 @@ class ParamGroup {
   void set_reshard_after_forward(bool reshard);
   /// FSDPModule::set_gradient_divide_factor; nullopt: the data-parallel size.
   void set_gradient_divide_factor(std::optional<double> factor);
+  /// FSDPModule::set_requires_all_reduce.
+  void set_requires_all_reduce(bool all_reduce) { requires_all_reduce_ = all_reduce; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
   /// Explicit prefetch targets (FSDP2's set_modules_to_*_prefetch); replace the recorded
   /// order for this group.
@@ -117,6 +119,7 @@ class ParamGroup {
   void init_grad_buffer();
   /// Copies `grads` in and issues the reduce-scatter (reduce_, reduce_pending_).
   void issue_reduce(const std::vector<at::Tensor>& grads);
+  void hold_partial_reduce();
   void finish_reduce_fast(double divisor);
   void check(bool condition, const char* verb, const char* expected) const;
 
@@ -132,6 +135,10 @@ class ParamGroup {
   CommContext* comm_ = nullptr;
   bool requires_gradient_sync_ = true;
   std::optional<double> gradient_divide_factor_;
+  bool requires_all_reduce_ = true;
+  /// Note [Accumulation without all-reduce]: the sum of the reduce-scatter outputs of the
+  /// backwards that skipped the replica all-reduce (undivided), or undefined.
+  at::Tensor partial_reduce_;
   std::optional<std::vector<ParamGroup*>> forward_prefetch_;
   std::optional<std::vector<ParamGroup*>> backward_prefetch_;
   std::vector<at::Tensor> summoned_grads_;  // the sharded grads, kept while kSummoned

@@ -16,6 +16,7 @@
 
 #include "support/ranks.h"
 #include "tdist/checkpoint/interchange.h"
+#include "tdist/checkpoint/metadata.h"
 #include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
@@ -177,6 +178,18 @@ TEST(DcpInterop, TdistLoadsPythonsPlainFsdp2AndDdpCheckpoints) {
       const LoadResult r = load_module(*m, c.with_optimizer ? &opt : nullptr, dir + "/ckpt");
       EXPECT_TRUE(r.missing_keys.empty());
       expect_matches_python_reference(*m, opt, dir + "/ref.pt", c.with_optimizer, "plain");
+    }
+    {  // ckpt-inspect --export ... dcp rewrites it whole, from one process; it loads the same
+      const std::string again = dir + "/again";
+      const std::string cmd = std::string(CKPT_INSPECT_BIN) + " --export " + dir + "/ckpt dcp " +
+                              again + " >" + dir + "/inspect.txt 2>&1";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+      EXPECT_EQ(read_metadata(again).world_size, 1);
+      DcpMlp m;
+      torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(0.01));
+      load_module(*m, c.with_optimizer ? &opt : nullptr, again);
+      expect_matches_python_reference(*m, opt, dir + "/ref.pt", c.with_optimizer,
+                                      "ckpt-inspect --export dcp");
     }
     if (c.with_optimizer) {
       tdist::testing::ProcessOptions options;

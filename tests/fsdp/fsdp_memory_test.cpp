@@ -12,6 +12,7 @@
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/state_dict.h"
+#include "tdist/mesh/device_mesh.h"
 
 namespace tdist::fsdp {
 namespace {
@@ -222,6 +223,107 @@ TEST(FSDPRuntimeControls, ReshardAfterForwardAndGradientDivideFactorAtWorlds2And
     SCOPED_TRACE(::testing::Message() << "world " << world);
     tdist::testing::expect_all_ok(
         tdist::testing::run_ranks_as_processes("fsdp_runtime_controls", world));
+  }
+}
+
+// Two microbatches of gradient accumulation with the controls FSDP2 has for them:
+//  - set_requires_all_reduce(false) (HSDP, FSDP_HSDP_SHARD ranks per replica): the first
+//    backward issues no replica all-reduce and leaves no gradient on the parameters; the
+//    second all-reduces the sum once per group, and the gradients are the default's.
+//  - set_is_last_backward(false): the first backward returns with the last reduce-scatter
+//    still in flight (some parameter has no gradient yet); after the second, with it true,
+//    the gradients are bitwise the default's.
+TDIST_SCENARIO(fsdp_accumulation_controls) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  const int shard = std::atoi(tdist::testing::env_str("FSDP_HSDP_SHARD", "0").c_str());
+  const TinyConfig c = wide_config();
+  auto model = testing::make_tiny(c);
+  FullyShardOptions options;
+  if (shard > 0) {
+    options.mesh(mesh::init_device_mesh("cpu", {world / shard, shard}, {"replicate", "shard"}));
+  }
+  std::vector<FSDPModule> groups;
+  for (auto& block : model->blocks) groups.push_back(fully_shard(block, options));
+  FSDPModule root = fully_shard(model, options);
+  groups.push_back(root);
+  auto all_reduces = [&] {
+    int64_t n = 0;
+    for (auto& g : groups) n += g.stats().all_reduces;
+    return n;
+  };
+  auto micro = [&](int i) {
+    auto [x, y] = testing::tiny_batch(c, 2 * world, i);
+    testing::lm_loss(tdist::fsdp::forward(model, x.narrow(0, 2 * rank, 2)),
+                     y.narrow(0, 2 * rank, 2))
+        .backward();
+  };
+  auto clear_grads = [&] {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  };
+  auto grads = [&] {
+    std::vector<at::Tensor> out;
+    for (auto& p : model->parameters())
+      out.push_back(p.grad().defined() ? p.grad().clone() : p.grad());
+    return out;
+  };
+  auto defined = [](const std::vector<at::Tensor>& g) {
+    int64_t n = 0;
+    for (const auto& t : g) n += t.defined();
+    return n;
+  };
+  const int64_t n_params = static_cast<int64_t>(model->parameters().size());
+  const int64_t n_groups = static_cast<int64_t>(groups.size());
+  const bool hsdp = shard > 0 && world / shard > 1;
+
+  clear_grads();
+  int64_t before = all_reduces();
+  micro(0);
+  EXPECT_EQ(defined(grads()), n_params);
+  micro(1);
+  const std::vector<at::Tensor> by_default = grads();
+  EXPECT_EQ(all_reduces() - before, hsdp ? 2 * n_groups : 0);
+
+  if (hsdp) {
+    clear_grads();
+    before = all_reduces();
+    root.set_requires_all_reduce(false);
+    micro(0);
+    EXPECT_EQ(all_reduces() - before, 0);
+    EXPECT_EQ(defined(grads()), 0) << "the skipped all-reduce's gradients are held back";
+    root.set_requires_all_reduce(true);
+    micro(1);
+    EXPECT_EQ(all_reduces() - before, n_groups);
+    const auto summed_once = grads();
+    for (size_t i = 0; i < summed_once.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(summed_once[i], by_default[i], 1e-5, 1e-7)) << "parameter " << i;
+    }
+  }
+
+  clear_grads();
+  root.set_is_last_backward(false);
+  micro(0);
+  EXPECT_LT(defined(grads()), n_params) << "the last reduce-scatter is still in flight";
+  root.set_is_last_backward(true);
+  micro(1);
+  const auto delayed = grads();
+  for (size_t i = 0; i < delayed.size(); ++i) {
+    EXPECT_TRUE(delayed[i].equal(by_default[i])) << "parameter " << i;
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPRuntimeControls, RequiresAllReduceAndIsLastBackwardInGradientAccumulation) {
+  struct Case {
+    int world;
+    const char* shard;  // "0": plain FSDP
+  };
+  for (const Case& c : {Case{4, "2"}, Case{2, "1"}, Case{3, "0"}}) {
+    SCOPED_TRACE(::testing::Message() << "world " << c.world << " shard " << c.shard);
+    tdist::testing::ProcessOptions options;
+    options.env = {{"FSDP_HSDP_SHARD", c.shard}};
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_accumulation_controls", c.world, options));
   }
 }
 

@@ -131,7 +131,8 @@ struct FSDPStats {
   int64_t hook_calls = 0;     // hook entry points run
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
-  int64_t prefetches = 0;  // all-gathers issued ahead of the module's own hook
+  int64_t all_reduces = 0;  // HSDP: all-reduces of reduced gradients across replicas
+  int64_t prefetches = 0;   // all-gathers issued ahead of the module's own hook
 };
 
 /// A handle on a module that fully_shard was applied to (FSDP2's FSDPModule).
@@ -172,6 +173,17 @@ class FSDPModule {
   /// `factor` instead of the data-parallel size (shard group x replicas), e.g. 1 for a loss
   /// summed, not averaged, over the global batch.
   void set_gradient_divide_factor(double factor);
+  /// FSDP2's set_requires_all_reduce (HSDP): false skips the all-reduce across replicas; the
+  /// reduce-scattered gradients are summed on this rank, and no gradient reaches the
+  /// parameters, until a backward with it on all-reduces their sum (gradient accumulation
+  /// with less communication). No effect without replicas. recurse: also every
+  /// fully_shard'ed module below.
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  /// FSDP2's set_is_last_backward, on the root: false lets the next backward return with its
+  /// last reduce-scatter still in flight, overlapping the next microbatch's forward; those
+  /// gradients land at the start of the following backward. Set it back to true before the
+  /// last microbatch: that backward returns with every gradient in place.
+  void set_is_last_backward(bool is_last_backward);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
   detail::FSDPState& state() const;
