@@ -468,6 +468,7 @@ c10::ScalarType ParamGroup::reduce_dtype() const {
 void ParamGroup::pre_forward() {
   TraceScope trace("FSDP::pre_forward", label_);
   training_state_ = TrainingState::kForward;
+  if (torch::autograd::GradMode::is_enabled()) ++graph_forward_calls_;
   if (comm_ != nullptr) comm_->record_forward(this);
   unshard(/*async_op=*/true);
   if (comm_ != nullptr && comm_->prefetch && comm_->forward_prefetch) {
@@ -506,8 +507,24 @@ void ParamGroup::pre_backward() {
   wait_for_unshard();
 }
 
+// Note [Module called more than once]
+// A module applied several times in one forward (a block reused, weights shared through
+// repeated calls) gets one pre-forward / post-forward per call: each call all-gathers (after
+// the previous call's reshard) and reshards as usual. Its parameters are leaves used several
+// times, so autograd sums their gradients from every call into one accumulation; the group
+// must keep them unsharded until every call's backward has run, and reduce once. Each call
+// registers a post-backward hook on its inputs; the hook acts on the last of them (the
+// forward's first call), and the end-of-backward callback acts for calls whose inputs needed
+// no gradient (their hooks never fire). The first pre-backward unshards; the later ones find
+// the group unsharded. The counts restart at the end of each backward: a forward that built
+// a graph nobody ran backward through only delays the next reduce to that callback.
 void ParamGroup::post_backward() {
   if (training_state_ != TrainingState::kPreBackward) return;  // already ran this step
+  if (++post_backward_calls_ < graph_forward_calls_) return;   // an earlier call's backward follows
+  reduce_and_reshard();
+}
+
+void ParamGroup::reduce_and_reshard() {
   TraceScope trace("FSDP::post_backward", label_);
   training_state_ = TrainingState::kPostBackward;
   check(shard_state_ == ShardState::kUnsharded, "post_backward", "unsharded");
@@ -707,7 +724,9 @@ void ParamGroup::finish_reduce_fast(double divisor) {
 }
 
 void ParamGroup::finalize_backward() {
-  if (training_state_ == TrainingState::kPreBackward) post_backward();
+  if (training_state_ == TrainingState::kPreBackward) reduce_and_reshard();
+  graph_forward_calls_ = 0;
+  post_backward_calls_ = 0;
   reshard();
   training_state_ = TrainingState::kIdle;
 }

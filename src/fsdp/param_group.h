@@ -97,6 +97,8 @@ class ParamGroup {
   void pre_forward();
   void post_forward();
   void pre_backward();
+  /// From autograd, once per call of the module that built a graph; acts on the last one
+  /// (Note [Module called more than once]).
   void post_backward();
   /// Installs the gradients of a finished reduce-scatter (called via CommContext).
   void finish_reduce();
@@ -108,6 +110,9 @@ class ParamGroup {
 
  private:
   void reshard_post_forward();
+  /// The reduce-scatter of this step's gradients and the reshard, once every call's
+  /// backward has run.
+  void reduce_and_reshard();
   /// Points every parameter at its unsharded data / its shard (Note [Parameter identity]).
   void point_params(bool unsharded);
   void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
@@ -146,6 +151,10 @@ class ParamGroup {
 
   ShardState shard_state_ = ShardState::kSharded;
   TrainingState training_state_ = TrainingState::kIdle;
+  /// Note [Module called more than once]: forward calls that built a graph since the last
+  /// backward, and post-backward hooks fired so far.
+  int graph_forward_calls_ = 0;
+  int post_backward_calls_ = 0;
   AllGatherResult all_gather_;    // valid while kUnsharding
   at::Tensor post_forward_slab_;  // valid while kShardedPostForward
   ReduceScatterResult reduce_;    // valid while a reduce-scatter is pending

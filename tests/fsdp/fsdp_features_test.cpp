@@ -19,6 +19,7 @@
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/join.h"
 #include "tdist/fsdp/shard_layout.h"
+#include "tdist/fsdp/state_dict.h"
 #include "tdist/mesh/device_mesh.h"
 
 namespace tdist::fsdp {
@@ -518,6 +519,77 @@ TDIST_SCENARIO(fsdp_abandoned_step) {
   }
   barrier();  // queued behind b's all-gather on rank 0: it has run when this returns
   destroy_process_group();
+}
+
+// ---- a module called more than once in one forward -------------------------------------
+
+// A shared block applied three times per forward, once to raw data (that call's
+// post-backward hook never fires: its input needs no gradient). Every call all-gathers; the
+// gradients of all three calls are reduced once, after the last call's backward
+// (Note [Module called more than once]), and training matches the single-process model.
+struct ReusedBlockImpl : torch::nn::Module {
+  ReusedBlockImpl() {
+    inp = register_module("inp", torch::nn::Linear(8, 8));
+    shared = register_module("shared", torch::nn::Linear(8, 8));
+    out = register_module("out", torch::nn::Linear(8, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor side = tdist::fsdp::forward(shared, x);
+    at::Tensor h = torch::tanh(inp(x));
+    h = torch::tanh(tdist::fsdp::forward(shared, h));
+    h = torch::tanh(tdist::fsdp::forward(shared, h));
+    return out(h + side);
+  }
+  torch::nn::Linear inp{nullptr}, shared{nullptr}, out{nullptr};
+};
+TORCH_MODULE(ReusedBlock);
+
+TDIST_SCENARIO(fsdp_module_called_twice) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  torch::manual_seed(5);
+  ReusedBlock reference;
+  torch::manual_seed(5);
+  ReusedBlock model;
+  FSDPModule shared = fully_shard(model->shared);
+  fully_shard(model);
+  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  constexpr int64_t kLocal = 3;
+  for (int step = 0; step < 4; ++step) {
+    torch::manual_seed(100 + step);
+    const at::Tensor x = torch::randn({kLocal * world, 8});
+    const at::Tensor y = torch::randn({kLocal * world, 3});
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+
+    opt.zero_grad();
+    const int64_t gathers = shared.stats().all_gathers;
+    const int64_t reduces = shared.stats().reduce_scatters;
+    torch::mse_loss(tdist::fsdp::forward(model, x.narrow(0, kLocal * rank, kLocal)),
+                    y.narrow(0, kLocal * rank, kLocal))
+        .backward();
+    EXPECT_EQ(shared.stats().reduce_scatters - reduces, 1) << "step " << step;
+    EXPECT_EQ(shared.stats().all_gathers - gathers, 4)
+        << "step " << step << ": three calls and one backward";
+    EXPECT_FALSE(shared.is_unsharded()) << "resharded after the last call's backward";
+    opt.step();
+  }
+  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+  for (const auto& item : reference->named_parameters()) {
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6))
+        << item.key();
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPModuleCalledTwice, ASharedBlockCalledThreeTimesTrainsLikeOneProcessAtWorlds2And3) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_module_called_twice", world));
+  }
 }
 
 TEST(FSDPAbandonedStep, APendingPlacedAllGatherOutlivesItsGroupSafely) {
