@@ -1,5 +1,6 @@
 #include "fsdp/fsdp_state.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -46,6 +47,14 @@ FSDPState* FSDPState::top() const {
 void FSDPState::lazy_init() {
   auto module = module_.lock();
   if (!module) TDIST_THROW(Error, "FSDP: the module of '" + label_ + "' no longer exists");
+  if (module_count_ > 1) {
+    TDIST_THROW(InvalidArgument,
+                "FSDP: the " + std::to_string(module_count_) +
+                    " modules sharded together by one fully_shard call ran forward with no "
+                    "fully_shard'ed module above them; apply fully_shard to the model as well "
+                    "(its root), after the grouped call, and call the model through "
+                    "tdist::fsdp::forward");
+  }
   is_root_ = true;
   comm_ = std::make_unique<CommContext>();
   comm_->all_gather_limit = options_.all_gather_limit();
@@ -58,6 +67,7 @@ void FSDPState::lazy_init() {
   for (const auto& m : module->modules(/*include_self=*/true)) {
     FSDPState* s = find_state(*m);
     if (s == nullptr || s->top() != this) continue;
+    if (std::find(tree_.begin(), tree_.end(), s) != tree_.end()) continue;  // grouped modules
     tree_.push_back(s);
     s->initialized_ = true;
     if (s->group_) {

@@ -30,6 +30,8 @@ class FSDPState {
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
   FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
   void set_is_last_backward(bool last) { is_last_backward_ = last; }
+  /// fully_shard over several modules: this state is theirs (the first is module()).
+  void set_module_count(size_t count) { module_count_ = count; }
   bool is_root() const { return is_root_; }
   /// The root's comm context (null before the first forward, and on non-roots).
   CommContext* comm() const { return comm_.get(); }
@@ -61,7 +63,8 @@ class FSDPState {
   std::unique_ptr<CommContext> comm_;
   bool in_forward_ = false;
   bool callback_queued_ = false;
-  bool is_last_backward_ = true;  // read on the root (FSDPModule::set_is_last_backward)
+  bool is_last_backward_ = true;
+  size_t module_count_ = 1;  // read on the root (FSDPModule::set_is_last_backward)
   bool bypass_checked_ = false;
   bool ran_forward_this_step_ = false;
   FSDPStats stats_;  // used when the module has no own parameters

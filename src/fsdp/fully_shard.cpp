@@ -1,5 +1,6 @@
 #include "tdist/fsdp/fully_shard.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -91,10 +92,11 @@ void register_state(const torch::nn::Module& module, std::shared_ptr<FSDPState> 
 
 std::vector<FSDPState*> states_under(const torch::nn::Module& module) {
   std::vector<FSDPState*> out;
-  if (FSDPState* s = find_state(module)) out.push_back(s);
-  for (const auto& m : module.modules(/*include_self=*/false)) {
-    if (FSDPState* s = find_state(*m)) out.push_back(s);
-  }
+  auto add = [&](FSDPState* s) {  // once: modules sharded together share one state
+    if (s != nullptr && std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  };
+  add(find_state(module));
+  for (const auto& m : module.modules(/*include_self=*/false)) add(find_state(*m));
   return out;
 }
 
@@ -159,6 +161,13 @@ std::optional<c10::Device> compute_device(const FullyShardOptions& options) {
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
                        const FullyShardOptions& options) {
   TDIST_CHECK_ARG(module != nullptr, "fully_shard: module is null");
+  return fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>{module}, options);
+}
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       const FullyShardOptions& options) {
+  TDIST_CHECK_ARG(!modules.empty(), "fully_shard: no module given");
+  for (const auto& m : modules) TDIST_CHECK_ARG(m != nullptr, "fully_shard: a module is null");
   const MeshGroups groups = mesh_groups(options);
   const ProcessGroupPtr& group = groups.shard;
   TDIST_CHECK_ARG(group->is_member(), "fully_shard: rank " + std::to_string(get_rank()) +
@@ -201,7 +210,10 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
           walk(*child.value(), prefix + child.key() + ".");
         }
       };
-  walk(*module, "");
+  // One module: names as its own named_parameters(); several: "<index>." before each.
+  for (size_t i = 0; i < modules.size(); ++i) {
+    walk(*modules[i], modules.size() == 1 ? "" : std::to_string(i) + ".");
+  }
 
   detail::GroupConfig config;
   config.reshard_after_forward = k == 0 ? ReshardAfterForward(true) : ReshardAfterForward(k);
@@ -253,13 +265,15 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
     }
     param_group = std::make_unique<detail::ParamGroup>("", std::move(params), group, config);
   }
-  auto state = std::make_shared<detail::FSDPState>(module, std::move(param_group), options);
+  auto state =
+      std::make_shared<detail::FSDPState>(modules.front(), std::move(param_group), options);
+  state->set_module_count(modules.size());
   state->set_label("root");
   for (auto& [name, child] : children) {
     if (child->parent() == nullptr) child->set_parent(state.get());
     if (child->label() == "root") child->set_label(name);
   }
-  detail::register_state(*module, state);
+  for (const auto& m : modules) detail::register_state(*m, state);
   return FSDPModule(state);
 }
 

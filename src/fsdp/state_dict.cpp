@@ -185,6 +185,8 @@ ModuleEntries collect(const torch::nn::Module& module) {
   auto visit = [&](const torch::nn::Module& m) {
     FSDPState* state = find_state(m);
     if (state == nullptr || state->group() == nullptr) return;
+    const auto& groups = out.groups;  // modules sharded together share one group: once
+    if (std::find(groups.begin(), groups.end(), state->group()) != groups.end()) return;
     out.groups.push_back(state->group());
     for (const auto& sp : state->group()->params()) {
       managed[sp->param().unsafeGetTensorImpl()] = {sp.get(), state->group()};

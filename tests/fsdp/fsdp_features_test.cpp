@@ -578,8 +578,7 @@ TDIST_SCENARIO(fsdp_module_called_twice) {
   }
   const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
   for (const auto& item : reference->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6))
-        << item.key();
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6)) << item.key();
   }
   destroy_process_group();
 }
@@ -589,6 +588,86 @@ TEST(FSDPModuleCalledTwice, ASharedBlockCalledThreeTimesTrainsLikeOneProcessAtWo
     SCOPED_TRACE(::testing::Message() << "world " << world);
     tdist::testing::expect_all_ok(
         tdist::testing::run_ranks_as_processes("fsdp_module_called_twice", world));
+  }
+}
+
+// ---- fully_shard over several modules at once ------------------------------------------
+
+// FSDP2's fully_shard([a, b]): two sibling layers share one group, so one reduce-scatter per
+// step; each module's forward all-gathers (b re-gathers after a's reshard), and with
+// set_reshard_after_forward(false) one all-gather serves both and backward. Training matches
+// the single-process model; without a sharded root above them the first forward says so.
+struct SiblingsImpl : torch::nn::Module {
+  SiblingsImpl() {
+    a = register_module("a", torch::nn::Linear(8, 6));
+    b = register_module("b", torch::nn::Linear(8, 6));
+    out = register_module("out", torch::nn::Linear(6, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return out(torch::tanh(tdist::fsdp::forward(a, x)) * torch::tanh(tdist::fsdp::forward(b, x)));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, out{nullptr};
+};
+TORCH_MODULE(Siblings);
+
+std::vector<std::shared_ptr<torch::nn::Module>> siblings_of(Siblings& m) {
+  return {m->a.ptr(), m->b.ptr()};
+}
+
+TDIST_SCENARIO(fsdp_grouped_modules) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  torch::manual_seed(6);
+  Siblings reference;
+  torch::manual_seed(6);
+  Siblings model;
+  FSDPModule pair = fully_shard(siblings_of(model));
+  fully_shard(model);
+  EXPECT_EQ(&fsdp_module(*model->b).state(), &pair.state()) << "one handle for both";
+  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  constexpr int64_t kLocal = 3;
+  for (int step = 0; step < 4; ++step) {
+    if (step == 2) pair.set_reshard_after_forward(false);
+    torch::manual_seed(200 + step);
+    const at::Tensor x = torch::randn({kLocal * world, 8});
+    const at::Tensor y = torch::randn({kLocal * world, 3});
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+
+    opt.zero_grad();
+    const int64_t gathers = pair.stats().all_gathers;
+    const int64_t reduces = pair.stats().reduce_scatters;
+    torch::mse_loss(tdist::fsdp::forward(model, x.narrow(0, kLocal * rank, kLocal)),
+                    y.narrow(0, kLocal * rank, kLocal))
+        .backward();
+    EXPECT_EQ(pair.stats().reduce_scatters - reduces, 1) << "step " << step;
+    EXPECT_EQ(pair.stats().all_gathers - gathers, step < 2 ? 3 : 1) << "step " << step;
+    opt.step();
+  }
+  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+  EXPECT_EQ(full.size(), 6u);
+  for (const auto& item : reference->named_parameters()) {
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6)) << item.key();
+  }
+
+  Siblings lone;  // grouped, but no sharded root above
+  fully_shard(siblings_of(lone));
+  try {
+    tdist::fsdp::forward(lone->a, torch::randn({2, 8}));
+    ADD_FAILURE() << "a grouped module ran without a root";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("root"), std::string::npos) << e.what();
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPGroupedModules, TwoSiblingsShareOneGroupAndTrainLikeOneProcessAtWorlds2And3) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_grouped_modules", world));
   }
 }
 

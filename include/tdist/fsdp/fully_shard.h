@@ -200,6 +200,15 @@ class FSDPModule {
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
                        const FullyShardOptions& options = {});
 
+/// FSDP2's fully_shard([a, b]): one group (one all-gather, one reduce-scatter) for the
+/// parameters of several modules, e.g. siblings too small to be worth a group each. The
+/// forward of any of them unshards the group; each call reshards as reshard_after_forward
+/// says (false keeps it unsharded from the first module's forward to backward), and the
+/// gradients of all of them are reduced once per backward. Every FSDPModule handle of
+/// them is the same. They must sit under a fully_shard'ed root.
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       const FullyShardOptions& options = {});
+
 template <class Impl>
 FSDPModule fully_shard(const torch::nn::ModuleHolder<Impl>& module,
                        const FullyShardOptions& options = {}) {
