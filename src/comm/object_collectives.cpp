@@ -55,9 +55,9 @@ Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& o
   }
 }
 
-/// All members learn every member's byte count.
-std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg) {
-  const c10::Device device = object_device(*pg);
+/// All members learn every member's byte count (exchanged on `device`, object_device's).
+std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg,
+                                      const c10::Device& device) {
   at::Tensor in = int64_on(mine, device);
   at::Tensor out = empty_on({pg->size()}, torch::kInt64, device);
   all_gather_into_tensor(out, in, pg);
@@ -91,9 +91,9 @@ void all_gather_object(std::vector<Object>& object_list, const Object& obj,
   auto pg = detail::resolve_group(group, "all_gather_object");
   if (!pg->is_member()) return;
   auto bytes = serialize_object(obj);
-  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
-  int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   const c10::Device device = object_device(*pg);
+  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg, device);
+  int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   at::Tensor in = to_bytes_tensor(bytes, max_size, device);
   at::Tensor out = empty_on({pg->size(), in.numel()}, torch::kUInt8, device);
   all_gather_into_tensor(out, in, pg);
@@ -115,9 +115,10 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
       !is_dst || object_gather_list != nullptr,
       "gather_object: rank " + std::to_string(dst) + " is dst and must pass an object_gather_list");
   auto bytes = serialize_object(obj);
-  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg);
+  const c10::Device device = object_device(*pg);
+  auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg, device);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  at::Tensor in = to_bytes_tensor(bytes, max_size, object_device(*pg));
+  at::Tensor in = to_bytes_tensor(bytes, max_size, device);
   std::vector<at::Tensor> outputs;
   if (is_dst) {
     for (int r = 0; r < pg->size(); ++r) outputs.push_back(torch::empty_like(in));

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/helpers.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/interchange.h"
@@ -24,14 +25,7 @@ SaveOptions dcp_save(CoordinatorPtr c) {
   return SaveOptions().coordinator(std::move(c)).fsync(false).format(CheckpointFormat::kDcp);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using tdist::testing::error_of;
 
 std::string saved_dcp(int seed, int world, Layout layout) {
   const auto full = reference_tensors(seed);

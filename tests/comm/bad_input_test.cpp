@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "comm/comm_test_util.h"
+#include "support/expect.h"
 #include "tdist/error.h"
 #include "tdist/store/file_store.h"
 #include "tdist/store/hash_store.h"
@@ -49,15 +50,7 @@ class EnvGuard {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using tdist::testing::error_of;
 
 #define EXPECT_ERROR_CONTAINS(expr, fragment)                                     \
   do {                                                                            \

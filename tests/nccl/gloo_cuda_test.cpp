@@ -5,16 +5,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 
 namespace tdist::testing {
 namespace {
-
-bool has_gpu() {
-  return at::hasCUDA() && at::getNumGPUs() > 0;
-}
 
 TDIST_SCENARIO(gloo_cuda_collectives) {
   init_process_group(InitProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(60)));

@@ -9,6 +9,7 @@
 
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
+#include "support/expect.h"
 #include "tdist/comm/backend.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -22,15 +23,8 @@ using detail::choose_device_index;
 using detail::nccl_dtype;
 using detail::nccl_reduce_op;
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using tdist::testing::error_of;
+using tdist::testing::has_gpu;
 
 TEST(NcclTypes, EveryDtypeNcclTakesMapsToItsType) {
   EXPECT_EQ(nccl_dtype(at::kFloat), ncclFloat32);
@@ -133,10 +127,6 @@ TEST(NcclRegistration, RegisteredForCudaWithTheNcclLibTorchLoads) {
   EXPECT_EQ(capability.at("nccl"), std::vector<std::string>{"cuda"});
   // One NCCL per process: the one compiled against is the one loaded.
   EXPECT_EQ(nccl_version_compiled(), nccl_version_loaded());
-}
-
-bool has_gpu() {
-  return at::hasCUDA() && at::getNumGPUs() > 0;
 }
 
 TEST(NcclWithoutGpu, InitProcessGroupNcclSaysThereIsNoGpu) {
