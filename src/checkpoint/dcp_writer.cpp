@@ -19,22 +19,22 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
   char name[32];
   std::snprintf(name, sizeof(name), "__%d_0.distcp", rank);
   OutputFile file((std::filesystem::path(dir) / name).string(), 1 << 20);
-  auto append = [&](const std::string& blob) {
+  // Each value is torch.save'd straight into the file: its length is what was written.
+  auto append = [&](const c10::IValue& value) {
     const int64_t offset = file.size();
-    file.write(blob.data(), blob.size());
-    return nlohmann::json{{"file", name},
-                          {"byte_offset", offset},
-                          {"byte_length", static_cast<int64_t>(blob.size())}};
+    torch_save_to(value, [&](const void* data, size_t size) { file.write(data, size); });
+    return nlohmann::json{
+        {"file", name}, {"byte_offset", offset}, {"byte_length", file.size() - offset}};
   };
   if (extra_state_json != nullptr) {
-    const auto where = append(torch_save_bytes(c10::IValue(*extra_state_json)));
+    const auto where = append(c10::IValue(*extra_state_json));
     out["extra_state"] = {
         {"file", name}, {"offset", where.at("byte_offset")}, {"length", where.at("byte_length")}};
   }
   bool injected = false;
   for (size_t i = 0; i < slices.size(); ++i) {
     const SliceToWrite& s = slices[i];
-    auto record = append(torch_save_bytes(c10::IValue(s.data)));
+    auto record = append(c10::IValue(s.data));
     record["name"] = s.name;
     record["offsets"] = s.offsets;
     record["sizes"] = s.data.sizes().vec();

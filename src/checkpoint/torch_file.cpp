@@ -1,9 +1,14 @@
 // PyTorch's own file format (a zip of pickled data): written with LibTorch's Pickler and
 // stream writer, read with pickle_load.
 
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
 #include <ATen/core/Dict.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
@@ -26,7 +31,8 @@ at::Tensor standalone(const at::Tensor& t) {
 // torch::pickle_save, but with the dict untagged: its Pickler tags typed containers with
 // torch.jit._pickle.restore_type_tag, a global torch.load(weights_only=True) (the default
 // since PyTorch 2.6) refuses. An untagged dict of tensors is exactly what torch.save writes.
-std::vector<char> pickle_untagged(const c10::IValue& value) {
+void pickle_untagged(const c10::IValue& value,
+                     const std::function<void(const void*, size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
       [&](const char* buf, size_t size) { pickle.insert(pickle.end(), buf, buf + size); },
@@ -35,17 +41,32 @@ std::vector<char> pickle_untagged(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::vector<char> container;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    const char* bytes = static_cast<const char*>(data);
-    container.insert(container.end(), bytes, bytes + size);
+    sink(data, size);
     return size;
   });
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
-  return container;
 }
+
+/// The bytes of a torch.save archive in memory, read in place (pickle_load would copy them).
+class MemoryReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  MemoryReadAdapter(const void* data, size_t size)
+      : data_(static_cast<const char*>(data)), size_(size) {}
+  size_t size() const override { return size_; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= size_) return 0;
+    n = std::min<size_t>(n, size_ - pos);
+    std::memcpy(buf, data_ + pos, n);
+    return n;
+  }
+
+ private:
+  const char* data_;
+  size_t size_;
+};
 
 /// Tensors anywhere in `value` replaced by standalone copies.
 c10::IValue standalone_tensors(const c10::IValue& value) {
@@ -62,15 +83,23 @@ c10::IValue standalone_tensors(const c10::IValue& value) {
 
 namespace detail {
 
+void torch_save_to(const c10::IValue& value, const std::function<void(const void*, size_t)>& sink) {
+  pickle_untagged(standalone_tensors(value), sink);
+}
+
 std::string torch_save_bytes(const c10::IValue& value) {
-  const std::vector<char> bytes = pickle_untagged(standalone_tensors(value));
-  return std::string(bytes.begin(), bytes.end());
+  std::string bytes;
+  torch_save_to(value, [&](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+  });
+  return bytes;
 }
 
 c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where) {
-  const char* p = static_cast<const char*>(data);
   try {
-    return torch::pickle_load(std::vector<char>(p, p + size));
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
+    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                             std::nullopt, std::nullopt, std::nullopt, reader);
   } catch (const std::exception& e) {
     TDIST_THROW(CheckpointError,
                 "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");
