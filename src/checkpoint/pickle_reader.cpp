@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 
+#include "checkpoint/pickle_opcodes.h"
 #include "tdist/error.h"
 
 namespace tdist::checkpoint::detail {
@@ -37,7 +38,7 @@ class Unpickler {
   PyRef run() {
     while (true) {
       const uint8_t op = byte();
-      if (op == '.') break;
+      if (op == kStop) break;
       step(op);
     }
     if (stack_.size() != 1 || !marks_.empty()) fail("it does not end with one value");
@@ -149,52 +150,59 @@ class Unpickler {
     return make_int(static_cast<int64_t>(v));
   }
 
+  /// A new list of the values above the newest mark (LIST, FROZENSET: sets read as lists).
+  PyRef list_from_mark() {
+    PyRef l = make(Kind::kList);
+    l->items = pop_to_mark();
+    return l;
+  }
+
   void step(uint8_t op) {
     switch (op) {
-      case 0x80:
+      case kProto:
         byte();
-        break;  // PROTO
-      case 0x95:
+        break;
+      case kFrame:  // a hint: the bytes follow inline
         little_endian(8);
-        break;  // FRAME: a hint, the bytes follow inline
-      case '(':
+        break;
+      case kMark:
         marks_.push_back(stack_.size());
-        break;  // MARK
-      case '0':
+        break;
+      case kPop:
         pop();
-        break;  // POP
-      case '1':
+        break;
+      case kPopMark:
         pop_to_mark();
-        break;  // POP_MARK
-      case '2':
+        break;
+      case kDup:
         push(top());
-        break;  // DUP
-      case 'N':
+        break;
+      case kNone:
         push(make(Kind::kNone));
         break;
-      case 0x88:
-      case 0x89: {  // NEWTRUE, NEWFALSE
+      case kNewTrue:
+      case kNewFalse: {
         PyRef b = make(Kind::kBool);
-        b->boolean = op == 0x88;
+        b->boolean = op == kNewTrue;
         push(b);
         break;
       }
-      case 'J':
+      case kBinInt:
         push(make_int(static_cast<int32_t>(little_endian(4))));
-        break;  // BININT
-      case 'K':
+        break;
+      case kBinInt1:
         push(make_int(static_cast<int64_t>(little_endian(1))));
-        break;  // BININT1
-      case 'M':
+        break;
+      case kBinInt2:
         push(make_int(static_cast<int64_t>(little_endian(2))));
-        break;  // BININT2
-      case 0x8a:
+        break;
+      case kLong1:
         push(long_int(1));
-        break;  // LONG1
-      case 0x8b:
+        break;
+      case kLong4:
         push(long_int(4));
-        break;     // LONG4
-      case 'G': {  // BINFLOAT: big-endian double
+        break;
+      case kBinFloat: {  // a big-endian double
         const auto* p = reinterpret_cast<const uint8_t*>(take(8));
         uint64_t bits = 0;
         for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
@@ -203,111 +211,97 @@ class Unpickler {
         push(f);
         break;
       }
-      case 0x8c:
+      case kShortBinUnicode:
         push(make_text(Kind::kStr, counted(1)));
-        break;  // SHORT_BINUNICODE
-      case 'X':
+        break;
+      case kBinUnicode:
         push(make_text(Kind::kStr, counted(4)));
-        break;  // BINUNICODE
-      case 0x8d:
+        break;
+      case kBinUnicode8:
         push(make_text(Kind::kStr, counted(8)));
-        break;  // BINUNICODE8
-      case 'C':
+        break;
+      case kShortBinBytes:
         push(make_text(Kind::kBytes, counted(1)));
-        break;  // SHORT_BINBYTES
-      case 'B':
+        break;
+      case kBinBytes:
         push(make_text(Kind::kBytes, counted(4)));
-        break;  // BINBYTES
-      case 0x8e:
+        break;
+      case kBinBytes8:
         push(make_text(Kind::kBytes, counted(8)));
-        break;  // BINBYTES8
-      case ')':
+        break;
+      case kEmptyTuple:
         push(tuple({}));
-        break;  // EMPTY_TUPLE
-      case 't':
+        break;
+      case kTuple:
         push(tuple(pop_to_mark()));
-        break;  // TUPLE
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1..3
-        std::vector<PyRef> items(op - 0x84);
+        break;
+      case kTuple1:
+      case kTuple2:
+      case kTuple3: {
+        std::vector<PyRef> items(op - kTuple1 + 1);
         for (size_t i = items.size(); i-- > 0;) items[i] = pop();
         push(tuple(std::move(items)));
         break;
       }
-      case ']':
+      case kEmptyList:
+      case kEmptySet:
         push(make(Kind::kList));
-        break;     // EMPTY_LIST
-      case 'l': {  // LIST
-        PyRef l = make(Kind::kList);
-        l->items = pop_to_mark();
-        push(l);
         break;
-      }
-      case 'a': {  // APPEND
+      case kList:
+      case kFrozenSet:
+        push(list_from_mark());
+        break;
+      case kAppend: {
         PyRef v = pop();
         append(top(), {v});
         break;
       }
-      case 'e': {  // APPENDS
+      case kAppends:
+      case kAddItems: {
         auto items = pop_to_mark();
         append(top(), items);
         break;
       }
-      case 0x8f:
-        push(make(Kind::kList));
-        break;      // EMPTY_SET (as a list)
-      case 0x90: {  // ADDITEMS
-        auto items = pop_to_mark();
-        append(top(), items);
-        break;
-      }
-      case 0x91: {  // FROZENSET
-        PyRef l = make(Kind::kList);
-        l->items = pop_to_mark();
-        push(l);
-        break;
-      }
-      case '}':
+      case kEmptyDict:
         push(make(Kind::kDict));
-        break;     // EMPTY_DICT
-      case 'd': {  // DICT
+        break;
+      case kDict: {
         PyRef d = make(Kind::kDict);
         set_items(d, pop_to_mark());
         push(d);
         break;
       }
-      case 's': {  // SETITEM
+      case kSetItem: {
         PyRef value = pop();
         PyRef key = pop();
         set_items(top(), {key, value});
         break;
       }
-      case 'u': {  // SETITEMS
+      case kSetItems: {
         auto kv = pop_to_mark();
         set_items(top(), kv);
         break;
       }
-      case 'c': {  // GLOBAL
+      case kGlobal: {
         const std::string module = line();
         push(global(module, line()));
         break;
       }
-      case 0x93: {  // STACK_GLOBAL
+      case kStackGlobal: {
         PyRef name = pop();
         PyRef module = pop();
         if (!module->is(Kind::kStr) || !name->is(Kind::kStr)) fail("STACK_GLOBAL of non-strings");
         push(global(module->text, name->text));
         break;
       }
-      case 'R':     // REDUCE
-      case 0x81: {  // NEWOBJ
+      case kReduce:
+      case kNewObj: {
         PyRef args = pop();
         PyRef callable = pop();
         push(object(callable, args));
         break;
       }
-      case 0x92: {  // NEWOBJ_EX
+      case kNewObjEx: {
         PyRef kwargs = pop();
         PyRef args = pop();
         PyRef cls = pop();
@@ -316,34 +310,34 @@ class Unpickler {
         push(o);
         break;
       }
-      case 'b': {  // BUILD
+      case kBuild: {
         PyRef state = pop();
         PyRef& target = top();
         if (!target->is(Kind::kObject)) fail("BUILD of something that is not an object");
         target->state = state;
         break;
       }
-      case 0x94:
+      case kMemoize:
         memo_put(memo_.size());
-        break;  // MEMOIZE
-      case 'q':
+        break;
+      case kBinPut:
         memo_put(little_endian(1));
-        break;  // BINPUT
-      case 'r':
+        break;
+      case kLongBinPut:
         memo_put(little_endian(4));
-        break;  // LONG_BINPUT
-      case 'p':
+        break;
+      case kPut:
         memo_put(decimal(line()));
-        break;  // PUT
-      case 'h':
+        break;
+      case kBinGet:
         memo_get(little_endian(1));
-        break;  // BINGET
-      case 'j':
+        break;
+      case kLongBinGet:
         memo_get(little_endian(4));
-        break;  // LONG_BINGET
-      case 'g':
+        break;
+      case kGet:
         memo_get(decimal(line()));
-        break;  // GET
+        break;
       default: {
         char hex[8];
         std::snprintf(hex, sizeof(hex), "0x%02x", op);

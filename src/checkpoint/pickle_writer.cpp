@@ -5,8 +5,8 @@
 namespace tdist::checkpoint::detail {
 
 PickleWriter::PickleWriter() {
-  op('\x80');  // PROTO 2: NEWOBJ and the short binary opcodes
-  op('\x02');
+  op(kProto);  // protocol 2: NEWOBJ and the short binary opcodes
+  out_.push_back(2);
 }
 
 void PickleWriter::little_endian(uint64_t v, int bytes) {
@@ -14,22 +14,22 @@ void PickleWriter::little_endian(uint64_t v, int bytes) {
 }
 
 void PickleWriter::none() {
-  op('N');
+  op(kNone);
 }
 
 void PickleWriter::boolean(bool value) {
-  op(value ? '\x88' : '\x89');
+  op(value ? kNewTrue : kNewFalse);
 }
 
 void PickleWriter::integer(int64_t value) {
   if (value >= 0 && value < 256) {
-    op('K');
+    op(kBinInt1);
     little_endian(static_cast<uint64_t>(value), 1);
   } else if (value >= INT32_MIN && value <= INT32_MAX) {
-    op('J');
+    op(kBinInt);
     little_endian(static_cast<uint32_t>(static_cast<int32_t>(value)), 4);
   } else {
-    op('\x8a');  // LONG1: 8 bytes, two's complement
+    op(kLong1);  // 8 bytes, two's complement
     out_.push_back(8);
     little_endian(static_cast<uint64_t>(value), 8);
   }
@@ -38,63 +38,64 @@ void PickleWriter::integer(int64_t value) {
 void PickleWriter::real(double value) {
   uint64_t bits = 0;
   std::memcpy(&bits, &value, 8);
-  op('G');
+  op(kBinFloat);
   for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
 }
 
 void PickleWriter::str(const std::string& value) {
-  op('X');  // BINUNICODE: UTF-8 with a 4-byte length
+  op(kBinUnicode);  // UTF-8 with a 4-byte length
   little_endian(value.size(), 4);
   out_ += value;
 }
 
 void PickleWriter::global(const std::string& module, const std::string& name) {
-  op('c');
+  op(kGlobal);
   out_ += module + "\n" + name + "\n";
 }
 
 void PickleWriter::begin_tuple() {
-  op('(');
+  op(kMark);
 }
 void PickleWriter::end_tuple() {
-  op('t');
+  op(kTuple);
 }
 
 void PickleWriter::begin_list() {
-  op(']');
-  op('(');
+  op(kEmptyList);
+  op(kMark);
 }
 void PickleWriter::end_list() {
-  op('e');
+  op(kAppends);
 }
 
 void PickleWriter::begin_dict() {
-  op('}');
-  op('(');
+  op(kEmptyDict);
+  op(kMark);
 }
 void PickleWriter::end_dict() {
-  op('u');
+  op(kSetItems);
 }
 
 void PickleWriter::begin_object(const std::string& module, const std::string& name) {
   global(module, name);
-  op(')');     // no arguments
-  op('\x81');  // NEWOBJ: cls.__new__(cls)
+  op(kEmptyTuple);  // no arguments
+  op(kNewObj);      // cls.__new__(cls)
 }
+// BUILD with the state written since begin_object.
 void PickleWriter::end_object() {
-  op('b');
-}  // BUILD with the state just written
+  op(kBuild);
+}
 
 void PickleWriter::begin_call() {
-  op('(');
+  op(kMark);
 }
 void PickleWriter::end_call() {
-  op('t');
-  op('R');  // REDUCE
+  op(kTuple);
+  op(kReduce);
 }
 
 std::string PickleWriter::finish() {
-  op('.');
+  op(kStop);
   return std::move(out_);
 }
 

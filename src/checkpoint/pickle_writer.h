@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/pickle_opcodes.h"
+
 namespace tdist::checkpoint::detail {
 
 class PickleWriter {
@@ -42,7 +44,7 @@ class PickleWriter {
   std::string finish();
 
  private:
-  void op(char code) { out_.push_back(code); }
+  void op(PickleOp code) { out_.push_back(static_cast<char>(code)); }
   void little_endian(uint64_t v, int bytes);
 
   std::string out_;
