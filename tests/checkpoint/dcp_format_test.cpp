@@ -53,27 +53,8 @@ TEST(DcpFormat, LaysOutFilesAsFileSystemWriterDoes) {
 
 // Every (N, M) in 1..4 x 1..4, saved and loaded in different layouts, as tdist's format.
 TEST(DcpFormat, ReshardsAcrossWorldSizesAndLayouts) {
-  const auto full = reference_tensors(4);
-  const Layout save_layouts[] = {Layout::kEven, Layout::kUneven, Layout::kWhole, Layout::kDim1};
-  const Layout load_layouts[] = {Layout::kUneven, Layout::kDim1, Layout::kEven, Layout::kWhole};
-  int case_index = 0;
-  for (int n = 1; n <= 4; ++n) {
-    for (int m = 1; m <= 4; ++m, ++case_index) {
-      const Layout saved_as = save_layouts[case_index % 4];
-      const Layout loaded_as = load_layouts[(case_index / 4 + case_index) % 4];
-      const std::string what = "save N=" + std::to_string(n) + " " + layout_name(saved_as) +
-                               ", load M=" + std::to_string(m) + " " + layout_name(loaded_as);
-      SCOPED_TRACE(what);
-      const std::string dir = saved_dcp(4, n, saved_as);
-      run_with_coordinators(m, [&](int rank, CoordinatorPtr c) {
-        auto target = shard_all(full, rank, m, loaded_as, true);
-        const LoadResult r = load(target, dir, LoadOptions().coordinator(c));
-        expect_matches_full(target, full, what + " rank " + std::to_string(rank));
-        EXPECT_EQ(r.saved_world_size, n);
-        EXPECT_EQ(r.extra.step, n == m ? 50 + rank : 50);
-      });
-    }
-  }
+  expect_reshards_every_world_pair(reference_tensors(4), dcp_save,
+                                   {Layout::kUneven, Layout::kDim1, Layout::kEven, Layout::kWhole});
 }
 
 TEST(DcpFormat, ExportsWholeTensorsAndConvertsToTdistsFormat) {

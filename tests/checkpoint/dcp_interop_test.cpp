@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/metadata.h"
@@ -46,23 +47,21 @@ struct DcpMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(DcpMlp);
 
-std::string python() {
-  const char* p = std::getenv("TDIST_TEST_PYTHON");
-  return p ? p : "/usr/bin/python3";
-}
+using tdist::testing::test_python;
 
 /// Why Python cannot take part, or "" when it can (PyTorch >= 2.6: FSDP2 and DCP's
 /// state_dict helpers).
 std::string python_unavailable() {
   static const std::string why = [] {
     const std::string probe =
-        python() +
+        test_python() +
         " -c 'from torch.distributed.fsdp import fully_shard; "
         "import torch.distributed.checkpoint.state_dict, torch.distributed.checkpoint.format_utils'"
         " >/dev/null 2>&1";
     return std::system(probe.c_str()) == 0
                ? std::string()
-               : python() + " has no PyTorch with fully_shard and torch.distributed.checkpoint";
+               : test_python() +
+                     " has no PyTorch with fully_shard and torch.distributed.checkpoint";
   }();
   return why;
 }
@@ -70,7 +69,7 @@ std::string python_unavailable() {
 /// Runs python/dcp_interop.py; expects it to succeed.
 void run_python(const std::vector<std::string>& args) {
   const std::string dir = tdist::testing::make_temp_dir("dcp-py");
-  std::string cmd = python() + " " + DCP_INTEROP_PY;
+  std::string cmd = test_python() + " " + DCP_INTEROP_PY;
   for (const auto& a : args) cmd += " '" + a + "'";
   cmd += " >" + dir + "/out.txt 2>&1";
   const int rc = std::system(cmd.c_str());

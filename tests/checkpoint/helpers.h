@@ -47,6 +47,16 @@ void expect_matches_full(const ShardedStateDict& state,
 void run_with_coordinators(int world, const std::function<void(int rank, CoordinatorPtr)>& fn,
                            std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+/// Every (N, M) in 1..4 x 1..4: saves `full` at world N (rank r's ExtraState::step = 100 + r)
+/// with `save_options(coordinator)`, in a layout cycling through even, uneven, whole, dim-1,
+/// and loads it at world M in a layout cycling through `load_layouts`. Expects every shard
+/// bitwise, the saved world size, and at the same world size each rank's own extra state
+/// (rank 0's otherwise).
+void expect_reshards_every_world_pair(
+    const std::map<std::string, at::Tensor>& full,
+    const std::function<SaveOptions(CoordinatorPtr)>& save_options,
+    const std::vector<Layout>& load_layouts);
+
 /// Flips one bit of the byte at `offset` of `path`.
 void flip_byte(const std::string& path, int64_t offset);
 

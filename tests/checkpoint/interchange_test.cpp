@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/helpers.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/module_state.h"
@@ -19,14 +20,11 @@ namespace {
 using namespace tdist::checkpoint::testing;
 namespace fs = std::filesystem;
 
-std::string python() {
-  const char* p = std::getenv("TDIST_TEST_PYTHON");
-  return p ? p : "/usr/bin/python3";
-}
+using tdist::testing::test_python;
 
 bool python_has_torch() {
   static const bool has =
-      std::system((python() + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+      std::system((test_python() + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   return has;
 }
 
@@ -35,7 +33,7 @@ int run_python(const std::string& script, const std::vector<std::string>& args, 
   const std::string dir = tdist::testing::make_temp_dir("py");
   const std::string file = dir + "/script.py", log = dir + "/out.txt";
   std::ofstream(file) << script;
-  std::string cmd = python() + " " + file;
+  std::string cmd = test_python() + " " + file;
   for (const auto& a : args) cmd += " '" + a + "'";
   cmd += " >" + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
@@ -148,7 +146,7 @@ struct SeqImpl : torch::nn::Module {
 
 TEST(Interchange, PythonLoadsOurFilesAndWeLoadPythons) {
   if (!python_has_torch()) {
-    GTEST_SKIP() << python()
+    GTEST_SKIP() << test_python()
                  << " has no torch module; run tools/setup.sh (it installs PyTorch into .venv/) to "
                     "run this test";
   }

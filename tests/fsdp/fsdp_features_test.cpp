@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -523,6 +524,51 @@ TDIST_SCENARIO(fsdp_abandoned_step) {
 
 // ---- a module called more than once in one forward -------------------------------------
 
+/// What one step of `train_beside_reference` issued on the group it watches.
+struct StepCollectives {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+};
+
+/// Four AdamW steps of `model` (fully_shard'ed; this rank's rows of each global batch of
+/// 8-wide inputs and 3-wide targets) beside `reference` (the whole batch, one process):
+/// `before_step(step)` runs first, `after_backward(step, issued)` gets what `group` issued in
+/// the step's forward and backward; at the end the full parameters match the reference's.
+template <class Holder>
+void train_beside_reference(
+    Holder& reference, Holder& model, const FSDPModule& group, uint64_t seed,
+    const std::function<void(int)>& before_step,
+    const std::function<void(int, const StepCollectives&)>& after_backward) {
+  const int world = get_world_size(), rank = get_rank();
+  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  constexpr int64_t kLocal = 3;
+  for (int step = 0; step < 4; ++step) {
+    before_step(step);
+    torch::manual_seed(seed + step);
+    const at::Tensor x = torch::randn({kLocal * world, 8});
+    const at::Tensor y = torch::randn({kLocal * world, 3});
+    ref_opt.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    ref_opt.step();
+
+    opt.zero_grad();
+    const int64_t gathers = group.stats().all_gathers;
+    const int64_t reduces = group.stats().reduce_scatters;
+    torch::mse_loss(tdist::fsdp::forward(model, x.narrow(0, kLocal * rank, kLocal)),
+                    y.narrow(0, kLocal * rank, kLocal))
+        .backward();
+    after_backward(step,
+                   {group.stats().all_gathers - gathers, group.stats().reduce_scatters - reduces});
+    opt.step();
+  }
+  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+  EXPECT_EQ(full.size(), reference->named_parameters().size());
+  for (const auto& item : reference->named_parameters()) {
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6)) << item.key();
+  }
+}
+
 // A shared block applied three times per forward, once to raw data (that call's
 // post-backward hook never fires: its input needs no gradient). Every call all-gathers; the
 // gradients of all three calls are reduced once, after the last call's backward
@@ -546,40 +592,19 @@ TORCH_MODULE(ReusedBlock);
 
 TDIST_SCENARIO(fsdp_module_called_twice) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
-  const int world = get_world_size(), rank = get_rank();
   torch::manual_seed(5);
   ReusedBlock reference;
   torch::manual_seed(5);
   ReusedBlock model;
   FSDPModule shared = fully_shard(model->shared);
   fully_shard(model);
-  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
-  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  constexpr int64_t kLocal = 3;
-  for (int step = 0; step < 4; ++step) {
-    torch::manual_seed(100 + step);
-    const at::Tensor x = torch::randn({kLocal * world, 8});
-    const at::Tensor y = torch::randn({kLocal * world, 3});
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    ref_opt.step();
-
-    opt.zero_grad();
-    const int64_t gathers = shared.stats().all_gathers;
-    const int64_t reduces = shared.stats().reduce_scatters;
-    torch::mse_loss(tdist::fsdp::forward(model, x.narrow(0, kLocal * rank, kLocal)),
-                    y.narrow(0, kLocal * rank, kLocal))
-        .backward();
-    EXPECT_EQ(shared.stats().reduce_scatters - reduces, 1) << "step " << step;
-    EXPECT_EQ(shared.stats().all_gathers - gathers, 4)
-        << "step " << step << ": three calls and one backward";
-    EXPECT_FALSE(shared.is_unsharded()) << "resharded after the last call's backward";
-    opt.step();
-  }
-  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
-  for (const auto& item : reference->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6)) << item.key();
-  }
+  train_beside_reference(
+      reference, model, shared, 100, [](int) {},
+      [&](int step, const StepCollectives& issued) {
+        EXPECT_EQ(issued.reduce_scatters, 1) << "step " << step;
+        EXPECT_EQ(issued.all_gathers, 4) << "step " << step << ": three calls and one backward";
+        EXPECT_FALSE(shared.is_unsharded()) << "resharded after the last call's backward";
+      });
   destroy_process_group();
 }
 
@@ -616,7 +641,6 @@ std::vector<std::shared_ptr<torch::nn::Module>> siblings_of(Siblings& m) {
 
 TDIST_SCENARIO(fsdp_grouped_modules) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
-  const int world = get_world_size(), rank = get_rank();
   torch::manual_seed(6);
   Siblings reference;
   torch::manual_seed(6);
@@ -624,33 +648,15 @@ TDIST_SCENARIO(fsdp_grouped_modules) {
   FSDPModule pair = fully_shard(siblings_of(model));
   fully_shard(model);
   EXPECT_EQ(&fsdp_module(*model->b).state(), &pair.state()) << "one handle for both";
-  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
-  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  constexpr int64_t kLocal = 3;
-  for (int step = 0; step < 4; ++step) {
-    if (step == 2) pair.set_reshard_after_forward(false);
-    torch::manual_seed(200 + step);
-    const at::Tensor x = torch::randn({kLocal * world, 8});
-    const at::Tensor y = torch::randn({kLocal * world, 3});
-    ref_opt.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    ref_opt.step();
-
-    opt.zero_grad();
-    const int64_t gathers = pair.stats().all_gathers;
-    const int64_t reduces = pair.stats().reduce_scatters;
-    torch::mse_loss(tdist::fsdp::forward(model, x.narrow(0, kLocal * rank, kLocal)),
-                    y.narrow(0, kLocal * rank, kLocal))
-        .backward();
-    EXPECT_EQ(pair.stats().reduce_scatters - reduces, 1) << "step " << step;
-    EXPECT_EQ(pair.stats().all_gathers - gathers, step < 2 ? 3 : 1) << "step " << step;
-    opt.step();
-  }
-  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
-  EXPECT_EQ(full.size(), 6u);
-  for (const auto& item : reference->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-5, 1e-6)) << item.key();
-  }
+  train_beside_reference(
+      reference, model, pair, 200,
+      [&](int step) {
+        if (step == 2) pair.set_reshard_after_forward(false);
+      },
+      [](int step, const StepCollectives& issued) {
+        EXPECT_EQ(issued.reduce_scatters, 1) << "step " << step;
+        EXPECT_EQ(issued.all_gathers, step < 2 ? 3 : 1) << "step " << step;
+      });
 
   Siblings lone;  // grouped, but no sharded root above
   fully_shard(siblings_of(lone));

@@ -2,6 +2,7 @@
 
 // Small helpers shared by tests that check errors and what the machine has.
 
+#include <cstdlib>
 #include <string>
 
 #include <ATen/Context.h>
@@ -19,6 +20,13 @@ std::string error_of(Fn fn) {
     return e.what();
   }
   return "<no error>";
+}
+
+/// The Python the interchange tests run (TDIST_TEST_PYTHON, which CMake sets to the
+/// .venv's; else the system's).
+inline std::string test_python() {
+  const char* p = std::getenv("TDIST_TEST_PYTHON");
+  return p ? p : "/usr/bin/python3";
 }
 
 /// True when LibTorch has CUDA and sees a GPU (GPU tests skip otherwise).
