@@ -63,8 +63,8 @@ class FSDPState {
   std::unique_ptr<CommContext> comm_;
   bool in_forward_ = false;
   bool callback_queued_ = false;
-  bool is_last_backward_ = true;
-  size_t module_count_ = 1;  // read on the root (FSDPModule::set_is_last_backward)
+  bool is_last_backward_ = true;  // read on the root (FSDPModule::set_is_last_backward)
+  size_t module_count_ = 1;
   bool bypass_checked_ = false;
   bool ran_forward_this_step_ = false;
   FSDPStats stats_;  // used when the module has no own parameters

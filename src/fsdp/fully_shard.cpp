@@ -339,6 +339,17 @@ std::vector<detail::FSDPState*> states_under(detail::FSDPState& state) {
   return detail::states_under(*module);
 }
 
+/// The groups of `state` and, with recurse, of every fully_shard'ed module below it: what
+/// the FSDPModule setters with a `recurse` argument apply to.
+std::vector<detail::ParamGroup*> groups_under(detail::FSDPState& state, bool recurse) {
+  std::vector<detail::ParamGroup*> groups;
+  for (detail::FSDPState* s :
+       recurse ? states_under(state) : std::vector<detail::FSDPState*>{&state}) {
+    if (auto* g = s->group()) groups.push_back(g);
+  }
+  return groups;
+}
+
 std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {
   std::vector<detail::ParamGroup*> groups;
   for (const auto& m : modules) {
@@ -350,27 +361,18 @@ std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& module
 }  // namespace
 
 void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
-  std::vector<detail::FSDPState*> states =
-      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
-  for (detail::FSDPState* s : states) {
-    if (auto* g = s->group()) g->set_requires_gradient_sync(requires_gradient_sync);
-  }
+  for (detail::ParamGroup* g : groups_under(state(), recurse))
+    g->set_requires_gradient_sync(requires_gradient_sync);
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
-  std::vector<detail::FSDPState*> states =
-      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
-  for (detail::FSDPState* s : states) {
-    if (auto* g = s->group()) g->set_reshard_after_forward(reshard_after_forward);
-  }
+  for (detail::ParamGroup* g : groups_under(state(), recurse))
+    g->set_reshard_after_forward(reshard_after_forward);
 }
 
 void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
-  std::vector<detail::FSDPState*> states =
-      recurse ? states_under(state()) : std::vector<detail::FSDPState*>{&state()};
-  for (detail::FSDPState* s : states) {
-    if (auto* g = s->group()) g->set_requires_all_reduce(requires_all_reduce);
-  }
+  for (detail::ParamGroup* g : groups_under(state(), recurse))
+    g->set_requires_all_reduce(requires_all_reduce);
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
