@@ -20,6 +20,7 @@
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/clip_grad.h"
+#include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_sharded_data_parallel.h"
 #include "tdist/fsdp/join.h"

@@ -36,6 +36,20 @@ void FSDPState::set_label(std::string label) {
   if (group_) group_->set_label(label_);
 }
 
+void FSDPState::set_materialized_group(std::unique_ptr<ParamGroup> group) {
+  deferred_.reset();
+  group_ = std::move(group);
+  if (group_) group_->set_label(label_);
+}
+
+void FSDPState::throw_not_materialized() const {
+  TDIST_THROW(InvalidArgument,
+              "FSDP: the parameters of '" + label_ +
+                  "' were built on the meta device and hold no data yet; call "
+                  "tdist::fsdp::materialize(model, MaterializeOptions().device(...).seed(...)) "
+                  "after fully_shard and before forward, state_dict or the FSDPModule setters");
+}
+
 FSDPState* FSDPState::top() const {
   const FSDPState* s = this;
   while (s->parent_ != nullptr) s = s->parent_;
@@ -68,6 +82,7 @@ void FSDPState::lazy_init() {
     FSDPState* s = find_state(*m);
     if (s == nullptr || s->top() != this) continue;
     if (std::find(tree_.begin(), tree_.end(), s) != tree_.end()) continue;  // grouped modules
+    if (s->deferred_) s->throw_not_materialized();
     tree_.push_back(s);
     s->initialized_ = true;
     if (s->group_) {

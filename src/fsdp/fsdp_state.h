@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdp/comm_context.h"
+#include "fsdp/group_builder.h"
 #include "fsdp/param_group.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/join/join.h"
@@ -24,7 +25,18 @@ class FSDPState {
 
   const std::string& label() const { return label_; }
   void set_label(std::string label);
-  ParamGroup* group() const { return group_.get(); }
+  /// Its parameters' group (null: it manages none). Throws while they await materialize.
+  ParamGroup* group() const {
+    if (deferred_) throw_not_materialized();
+    return group_.get();
+  }
+  // ---- Note [Deferred init] ----
+  /// fully_shard of meta parameters: the group is built by materialize, from `plan`.
+  void defer_group(GroupPlan plan) { deferred_ = std::make_unique<GroupPlan>(std::move(plan)); }
+  /// The plan of a group awaiting materialize (null once built, or when there was none).
+  GroupPlan* deferred_group() const { return deferred_.get(); }
+  /// Installs the group materialize built from the deferred plan.
+  void set_materialized_group(std::unique_ptr<ParamGroup> group);
   FSDPState* parent() const { return parent_; }
   void set_parent(FSDPState* parent) { parent_ = parent; }
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
@@ -47,11 +59,13 @@ class FSDPState {
 
  private:
   void lazy_init();
+  [[noreturn]] void throw_not_materialized() const;
   FSDPState* top() const;
   void check_no_bypass(const std::vector<at::Tensor>& outputs) const;
 
   std::weak_ptr<torch::nn::Module> module_;
   std::unique_ptr<ParamGroup> group_;
+  std::unique_ptr<GroupPlan> deferred_;  // set from fully_shard of meta params to materialize
   FullyShardOptions options_;
   std::string label_;
   FSDPState* parent_ = nullptr;  // the fully_shard'ed module containing this one

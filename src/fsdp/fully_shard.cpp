@@ -8,8 +8,8 @@
 
 #include <ATen/ATen.h>
 
-#include "fsdp/buffer_pool.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/group_builder.h"
 #include "fsdp/registry.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -227,46 +227,35 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   policy.offload_to_cpu = options.offload_policy().offload_to_cpu();
   policy.pin_memory = options.offload_policy().pin_memory();
 
+  // Note [Deferred init]: parameters built on the meta device are sharded by materialize,
+  // once their module's full values exist; until then the state holds only the plan.
+  const size_t on_meta = static_cast<size_t>(std::count_if(
+      managed.begin(), managed.end(), [](const auto& item) { return item.second.is_meta(); }));
+  if (on_meta != 0 && on_meta != managed.size()) {
+    auto meta = std::find_if(managed.begin(), managed.end(),
+                             [](const auto& item) { return item.second.is_meta(); });
+    auto real = std::find_if(managed.begin(), managed.end(),
+                             [](const auto& item) { return !item.second.is_meta(); });
+    TDIST_THROW(InvalidArgument,
+                "fully_shard: parameter '" + meta->first + "' is on the meta device but '" +
+                    real->first + "' holds data (" + real->second.device().str() +
+                    "); build the whole model under tdist::fsdp::MetaDeviceGuard (deferred "
+                    "init) or none of it");
+  }
+  detail::GroupPlan plan{std::move(managed), group, std::move(config), policy};
   std::unique_ptr<detail::ParamGroup> param_group;
-  if (!managed.empty()) {
-    // Note [Persistent buffers]: a plain CPU group gets its flat shard here, so each shard
-    // is written once into it (no per-parameter shard allocated and freed, which fragments
-    // the heap of a large model).
-    bool flat = true;
-    int64_t total = 0;
-    std::vector<int64_t> numels;
-    const at::TensorOptions first = managed.front().second.options();
-    for (auto& [name, tensor] : managed) {
-      flat = flat && tensor.is_cpu() && tensor.dtype() == first.dtype();
-      numels.push_back(
-          ShardLayout::compute(tensor.sizes().vec(), world, rank).padded_shard_numel());
-      total += numels.back();
-    }
-    const auto dtype = c10::typeMetaToScalarType(first.dtype());
-    flat = flat && total > 0 && !policy.offload_to_cpu && !policy.compute_device &&
-           (!policy.param_dtype || *policy.param_dtype == dtype) &&
-           (!config.reduce_dtype || *config.reduce_dtype == dtype) &&
-           detail::persistent_buffers_enabled();
-    if (flat) {
-      const size_t pooled_bytes = static_cast<size_t>(world * total) * c10::elementSize(dtype);
-      detail::FlatShard shard =
-          detail::allocate_flat_shard(total, pooled_bytes, at::TensorOptions().dtype(dtype), group);
-      config.flat_shard = shard.tensor;
-      config.symmetric_buffers = shard.symmetric;
-    }
-    std::vector<std::unique_ptr<detail::ShardedParam>> params;
-    int64_t offset = 0;
-    for (size_t i = 0; i < managed.size(); ++i) {
-      auto& [name, tensor] = managed[i];
-      at::Tensor buffer = flat ? config.flat_shard.narrow(0, offset, numels[i]) : at::Tensor();
-      offset += numels[i];
-      params.push_back(
-          std::make_unique<detail::ShardedParam>(name, tensor, world, rank, policy, buffer));
-    }
-    param_group = std::make_unique<detail::ParamGroup>("", std::move(params), group, config);
+  std::optional<detail::GroupPlan> deferred;
+  if (on_meta != 0) {
+    deferred = std::move(plan);
+  } else if (!plan.params.empty()) {
+    const c10::Device device = plan.params.front().second.device();
+    detail::GroupBuilder builder(std::move(plan), device);
+    for (size_t i = 0; i < builder.size(); ++i) builder.shard(i);
+    param_group = builder.finish("");
   }
   auto state =
       std::make_shared<detail::FSDPState>(modules.front(), std::move(param_group), options);
+  if (deferred) state->defer_group(std::move(*deferred));
   state->set_module_count(modules.size());
   state->set_label("root");
   for (auto& [name, child] : children) {
@@ -368,6 +357,11 @@ void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool re
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
   for (detail::ParamGroup* g : groups_under(state(), recurse))
     g->set_reshard_after_forward(reshard_after_forward);
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
+  for (detail::ParamGroup* g : groups_under(state(), recurse))
+    g->set_reshard_after_backward(reshard_after_backward);
 }
 
 void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {

@@ -169,6 +169,13 @@ class FSDPModule {
   /// steps; recurse: also every fully_shard'ed module below. The root keeps its own
   /// parameters after forward either way (backward starts with it).
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
+  /// FSDP2's set_reshard_after_backward: false keeps the parameters unsharded after a
+  /// backward with gradient sync off (set_requires_gradient_sync(false)), so the next
+  /// microbatch's forward all-gathers nothing; more memory held between microbatches. A
+  /// backward that reduces gradients reshards either way: its gradients belong to the shards
+  /// the optimizer steps (Note [Unsharded after backward]). recurse: also every fully_shard'ed
+  /// module below.
+  void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   /// FSDP2's set_gradient_divide_factor: this module's reduced gradients are divided by
   /// `factor` instead of the data-parallel size (shard group x replicas), e.g. 1 for a loss
   /// summed, not averaged, over the global batch.
@@ -195,8 +202,10 @@ class FSDPModule {
 
 /// Shards `module`'s parameters that no nested fully_shard'ed module manages, in place. Apply
 /// bottom-up: blocks first, then the root. Collective over the group: every rank must call
-/// it in the same order with identically initialised modules. The parameters stay the
-/// module's parameters() (now holding 1/N shards); build the optimizer after this.
+/// it in the same order with identically initialised modules, or with modules built on the
+/// meta device, whose shards materialize then allocates and initialises (deferred_init.h). The
+/// parameters stay the module's parameters() (now holding 1/N shards); build the optimizer after
+/// this.
 FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
                        const FullyShardOptions& options = {});
 

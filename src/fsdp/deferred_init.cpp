@@ -1,0 +1,374 @@
+#include "tdist/fsdp/deferred_init.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <torch/nn/modules.h>
+
+#include "fsdp/fsdp_state.h"
+#include "fsdp/group_builder.h"
+#include "fsdp/registry.h"
+#include "tdist/error.h"
+#include "tdist/fsdp/fully_shard.h"
+
+namespace tdist::fsdp {
+
+// Factory functions (empty, zeros, ...) take no tensor to dispatch on: BackendSelect picks
+// the kernel from their TensorOptions, so it is excluded here and the Meta key included;
+// every op on this thread then runs its meta kernel. The whole thread-local key set is
+// restored at the end (removing a per-backend key from it again would leave its backend bit).
+MetaDeviceGuard::MetaDeviceGuard() : saved_(c10::impl::tls_local_dispatch_key_set()) {
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Meta, true);
+  c10::impl::tls_set_dispatch_key_excluded(c10::DispatchKey::BackendSelect, true);
+}
+
+MetaDeviceGuard::~MetaDeviceGuard() {
+  c10::impl::_force_tls_local_dispatch_key_set(saved_);
+}
+
+namespace {
+
+// ---- per-module seeds -------------------------------------------------------------------
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t module_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the module's name
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ULL;
+  const uint64_t mixed = splitmix64(seed ^ splitmix64(h));
+  // The CPU generator (mt19937) keeps 32 bits of its seed: fold the other 32 in.
+  return (mixed ^ (mixed >> 32)) & 0xffffffffULL;
+}
+
+// The default generators init functions draw from (CPU, and the device's when it has its
+// own), their states saved on construction and restored on destruction, so deferred init
+// leaves the program's random stream where it was.
+class SeededGenerators {
+ public:
+  explicit SeededGenerators(const c10::Device& device) {
+    generators_.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCPU)));
+    if (!device.is_cpu() && !device.is_meta()) {
+      generators_.push_back(at::globalContext().defaultGenerator(device));
+    }
+    for (auto& g : generators_) {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      saved_.push_back(g.get_state());
+    }
+  }
+  ~SeededGenerators() {
+    for (size_t i = 0; i < generators_.size(); ++i) {
+      std::lock_guard<std::mutex> lock(generators_[i].mutex());
+      generators_[i].set_state(saved_[i]);
+    }
+  }
+  SeededGenerators(const SeededGenerators&) = delete;
+  SeededGenerators& operator=(const SeededGenerators&) = delete;
+
+  void seed(uint64_t seed) {
+    for (auto& g : generators_) {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_current_seed(seed);
+    }
+  }
+
+ private:
+  std::vector<at::Generator> generators_;
+  std::vector<at::Tensor> saved_;
+};
+
+// ---- one module's tensors ---------------------------------------------------------------
+
+struct DirectTensor {
+  std::string name;  // within its module
+  at::Tensor tensor;
+};
+
+// The parameters and buffers `module` holds itself (not its submodules').
+std::vector<DirectTensor> direct_tensors(const torch::nn::Module& module) {
+  std::vector<DirectTensor> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (item.value().defined()) out.push_back({item.key(), item.value()});
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    if (item.value().defined()) out.push_back({item.key(), item.value()});
+  }
+  return out;
+}
+
+std::string qualified(const std::string& module, const std::string& tensor) {
+  return module.empty() ? tensor : module + "." + tensor;
+}
+
+// What init_fn starts from: NaN in floating tensors (so one it leaves shows), 0 elsewhere.
+void poison(const at::Tensor& t) {
+  if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())) {
+    t.fill_(std::numeric_limits<double>::quiet_NaN());
+  } else {
+    t.zero_();
+  }
+}
+
+// In chunks: a whole-tensor isnan() would hold a byte per element of the module's largest
+// tensor on top of it.
+bool holds_nan(const at::Tensor& t) {
+  constexpr int64_t kChunk = 1 << 20;
+  const at::Tensor flat = t.reshape({-1});
+  for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+    if (flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).isnan().any().item<bool>()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void check_initialised(const std::string& module_name, const torch::nn::Module& module,
+                       const std::vector<DirectTensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) continue;
+    if (holds_nan(t)) {
+      TDIST_THROW(InvalidArgument,
+                  "deferred init: '" + qualified(module_name, name) + "' of module '" +
+                      module_name + "' (" + module.name() +
+                      ") still holds NaN after its init_fn ran; the init_fn must set every "
+                      "parameter and buffer the module holds directly");
+    }
+  }
+}
+
+// Tensors shared by two modules (tied weights) would be initialised twice, the second time
+// as part of a module whose shapes it may not fit; refused rather than guessed.
+void check_not_shared(std::unordered_map<const c10::TensorImpl*, std::string>& owner,
+                      const std::string& module_name, const std::vector<DirectTensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    auto [it, inserted] = owner.emplace(t.unsafeGetTensorImpl(), qualified(module_name, name));
+    if (!inserted) {
+      TDIST_THROW(InvalidArgument,
+                  "deferred init: '" + qualified(module_name, name) + "' is the same tensor as '" +
+                      it->second +
+                      "' (tied weights); each tensor must belong to one module. Use the "
+                      "first module's tensor directly in forward instead of registering it twice");
+    }
+  }
+}
+
+void run_init(const ModuleInitFn& init_fn, SeededGenerators& generators, uint64_t seed,
+              const std::string& name, torch::nn::Module& module,
+              const std::vector<DirectTensor>& tensors) {
+  at::NoGradGuard no_grad;
+  for (const auto& t : tensors) poison(t.tensor);
+  generators.seed(module_seed(seed, name));
+  if (init_fn) {
+    init_fn(name, module);
+  } else {
+    reset_builtin_parameters(name, module);
+  }
+  check_initialised(name, module, tensors);
+}
+
+// A CPU tensor whose pages come straight from the kernel and go back to it when the tensor
+// is freed. A full parameter lives only until its module's shards are cut from it; from
+// malloc, those tens of megabytes per module would stay resident after free (its mmap
+// threshold rises to the size of what was freed, and later ones come from the heap), and
+// the peak of materialize would grow with the model's depth instead of its largest module.
+at::Tensor mapped_empty(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  const size_t nbytes = static_cast<size_t>(c10::multiply_integers(sizes)) *
+                        c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  if (nbytes < (size_t{1} << 20)) return at::empty(sizes, options.device(c10::kCPU));
+  void* data = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) {
+    TDIST_THROW(Error, "deferred init: mapping " + std::to_string(nbytes) +
+                           " bytes for a full parameter failed: " + std::strerror(errno));
+  }
+  return at::from_blob(
+      data, sizes, [nbytes](void* p) { munmap(p, nbytes); }, options.device(c10::kCPU));
+}
+
+// Gives meta tensor `t` storage on `device` in place: module members, the parameter dict and
+// an optimizer built already all hold this TensorImpl. (Tensor::set_data refuses a meta to
+// dense change; the TensorImpl's own shallow copy makes it, keeping autograd metadata.)
+void allocate_in_place(const at::Tensor& t, const c10::Device& device, bool transient) {
+  at::Tensor storage = transient && device.is_cpu()
+                           ? mapped_empty(t.sizes(), t.options())
+                           : at::empty(t.sizes(), t.options().device(device));
+  t.unsafeGetTensorImpl()->shallow_copy_from(storage.getIntrusivePtr());
+}
+
+// Undoes allocate_in_place when the module's init failed, so materialize can be called
+// again (with a working init_fn) instead of leaving tensors that hold garbage.
+void back_to_meta(const at::Tensor& t) {
+  at::Tensor meta = at::empty(t.sizes(), t.options().device(c10::kMeta));
+  t.unsafeGetTensorImpl()->shallow_copy_from(meta.getIntrusivePtr());
+}
+
+// Where each deferred parameter goes: its state's builder and its index there.
+struct PendingParam {
+  detail::GroupBuilder* builder;
+  size_t index;
+};
+
+struct PendingGroup {
+  detail::FSDPState* state;
+  std::unique_ptr<detail::GroupBuilder> builder;
+};
+
+}  // namespace
+
+void reset_builtin_parameters(const std::string& name, torch::nn::Module& module) {
+  namespace nn = torch::nn;
+#define TDIST_RESET_IF(Impl, method)                \
+  if (auto* m = dynamic_cast<nn::Impl*>(&module)) { \
+    m->method();                                    \
+    return;                                         \
+  }
+  TDIST_RESET_IF(LinearImpl, reset_parameters)
+  TDIST_RESET_IF(BilinearImpl, reset_parameters)
+  TDIST_RESET_IF(EmbeddingImpl, reset_parameters)
+  TDIST_RESET_IF(EmbeddingBagImpl, reset_parameters)
+  TDIST_RESET_IF(LayerNormImpl, reset_parameters)
+  TDIST_RESET_IF(GroupNormImpl, reset_parameters)
+  TDIST_RESET_IF(Conv1dImpl, reset_parameters)
+  TDIST_RESET_IF(Conv2dImpl, reset_parameters)
+  TDIST_RESET_IF(Conv3dImpl, reset_parameters)
+  TDIST_RESET_IF(ConvTranspose1dImpl, reset_parameters)
+  TDIST_RESET_IF(ConvTranspose2dImpl, reset_parameters)
+  TDIST_RESET_IF(ConvTranspose3dImpl, reset_parameters)
+  TDIST_RESET_IF(BatchNorm1dImpl, reset_parameters)
+  TDIST_RESET_IF(BatchNorm2dImpl, reset_parameters)
+  TDIST_RESET_IF(BatchNorm3dImpl, reset_parameters)
+  TDIST_RESET_IF(InstanceNorm1dImpl, reset_parameters)
+  TDIST_RESET_IF(InstanceNorm2dImpl, reset_parameters)
+  TDIST_RESET_IF(InstanceNorm3dImpl, reset_parameters)
+  TDIST_RESET_IF(RNNImpl, reset_parameters)
+  TDIST_RESET_IF(LSTMImpl, reset_parameters)
+  TDIST_RESET_IF(GRUImpl, reset_parameters)
+  TDIST_RESET_IF(RNNCellImpl, reset_parameters)
+  TDIST_RESET_IF(LSTMCellImpl, reset_parameters)
+  TDIST_RESET_IF(GRUCellImpl, reset_parameters)
+  TDIST_RESET_IF(MultiheadAttentionImpl, _reset_parameters)
+#undef TDIST_RESET_IF
+  TDIST_THROW(InvalidArgument,
+              "deferred init: module '" + name + "' (" + module.name() +
+                  ") holds parameters or buffers of its own and is not one of LibTorch's "
+                  "layers that reset_builtin_parameters knows; pass "
+                  "MaterializeOptions().init_fn(f), where f initialises that module's tensors "
+                  "and calls reset_builtin_parameters for the others");
+}
+
+void materialize(const std::shared_ptr<torch::nn::Module>& model,
+                 const MaterializeOptions& options) {
+  TDIST_CHECK_ARG(model != nullptr, "materialize: model is null");
+  TDIST_CHECK_ARG(!options.device().is_meta(), "materialize: the device must hold data, not meta");
+  // The groups fully_shard left for deferred init, in module order (the same on every rank,
+  // so the collectives their builders issue match).
+  std::vector<PendingGroup> groups;
+  std::unordered_map<const c10::TensorImpl*, PendingParam> pending;
+  std::unordered_set<const c10::TensorImpl*> sharded;  // by fully_shard calls that did not defer
+  for (detail::FSDPState* state : detail::states_under(*model)) {
+    detail::GroupPlan* plan = state->deferred_group();
+    if (plan == nullptr) {
+      if (detail::ParamGroup* group = state->group()) {
+        for (const auto& p : group->params()) sharded.insert(p->param().unsafeGetTensorImpl());
+      }
+      continue;
+    }
+    auto builder = std::make_unique<detail::GroupBuilder>(*plan, options.device());
+    for (size_t i = 0; i < builder->size(); ++i) {
+      pending[builder->param(i).unsafeGetTensorImpl()] = {builder.get(), i};
+    }
+    groups.push_back({state, std::move(builder)});
+  }
+
+  SeededGenerators generators(options.device());
+  std::unordered_map<const c10::TensorImpl*, std::string> owner;
+  for (const auto& item : model->named_modules("", /*include_self=*/true)) {
+    const std::string& name = item.key();
+    torch::nn::Module& module = *item.value();
+    std::vector<DirectTensor> tensors = direct_tensors(module);
+    bool any_meta = false;
+    for (const auto& t : tensors) any_meta = any_meta || t.tensor.is_meta();
+    if (!any_meta) continue;
+    check_not_shared(owner, name, tensors);
+    // Tensors that hold data beside meta ones were made from literal values under the guard
+    // (torch::tensor does not dispatch), e.g. BatchNorm's num_batches_tracked: whole, and
+    // initialised with the rest. A shard is not whole: refused.
+    std::vector<at::Tensor> allocated;
+    for (const auto& t : tensors) {
+      TDIST_CHECK_ARG(sharded.count(t.tensor.unsafeGetTensorImpl()) == 0,
+                      "materialize: module '" + name + "' holds meta tensors and '" +
+                          qualified(name, t.name) +
+                          "', a parameter another fully_shard call has sharded already; build "
+                          "the whole model under MetaDeviceGuard");
+      if (!t.tensor.is_meta()) continue;
+      allocate_in_place(t.tensor, options.device(),
+                        /*transient=*/pending.count(t.tensor.unsafeGetTensorImpl()) != 0);
+      allocated.push_back(t.tensor);
+    }
+    try {
+      run_init(options.init_fn(), generators, options.seed(), name, module, tensors);
+    } catch (...) {
+      for (const auto& t : allocated) back_to_meta(t);
+      throw;
+    }
+    // Sharded at once: only this module's full parameters are ever held whole.
+    for (const auto& t : tensors) {
+      auto it = pending.find(t.tensor.unsafeGetTensorImpl());
+      if (it != pending.end()) it->second.builder->shard(it->second.index);
+    }
+  }
+  for (auto& [state, builder] : groups) {
+    for (size_t i = 0; i < builder->size(); ++i) {
+      if (!builder->sharded(i)) {
+        TDIST_THROW(InvalidArgument, "materialize: a parameter of fully_shard'ed module '" +
+                                         state->label() +
+                                         "' is not held by any module under the model given");
+      }
+    }
+    state->set_materialized_group(builder->finish(""));
+  }
+}
+
+void init_parameters(const std::shared_ptr<torch::nn::Module>& model,
+                     const MaterializeOptions& options) {
+  TDIST_CHECK_ARG(model != nullptr, "init_parameters: model is null");
+  c10::Device device(c10::kCPU);  // the generator of the device the tensors are on
+  for (const auto& p : model->parameters()) {
+    if (p.defined() && !p.is_cpu()) device = p.device();
+  }
+  SeededGenerators generators(device);
+  std::unordered_map<const c10::TensorImpl*, std::string> owner;
+  for (const auto& item : model->named_modules("", /*include_self=*/true)) {
+    const std::string& name = item.key();
+    torch::nn::Module& module = *item.value();
+    TDIST_CHECK_ARG(!is_fully_sharded(module),
+                    "init_parameters: module '" + name +
+                        "' is fully_shard'ed already, so it holds shards, not whole tensors; "
+                        "call init_parameters before fully_shard (or build on the meta device "
+                        "and call materialize)");
+    std::vector<DirectTensor> tensors = direct_tensors(module);
+    if (tensors.empty()) continue;
+    for (const auto& t : tensors) {
+      TDIST_CHECK_ARG(!t.tensor.is_meta(), "init_parameters: '" + qualified(name, t.name) +
+                                               "' is on the meta device; use materialize");
+    }
+    check_not_shared(owner, name, tensors);
+    run_init(options.init_fn(), generators, options.seed(), name, module, tensors);
+  }
+}
+
+}  // namespace tdist::fsdp

@@ -1,0 +1,65 @@
+#include "fsdp/group_builder.h"
+
+#include "fsdp/buffer_pool.h"
+#include "tdist/error.h"
+#include "tdist/fsdp/shard_layout.h"
+
+namespace tdist::fsdp::detail {
+
+GroupBuilder::GroupBuilder(GroupPlan plan, c10::Device device)
+    : plan_(std::move(plan)),
+      device_(device),
+      world_(plan_.group->size()),
+      rank_(plan_.group->rank()),
+      params_(plan_.params.size()) {
+  for (const auto& [name, tensor] : plan_.params) {
+    offsets_.push_back(total_);
+    total_ += ShardLayout::compute(tensor.sizes().vec(), world_, rank_).padded_shard_numel();
+  }
+}
+
+// Note [Persistent buffers]: a plain CPU group gets its flat shard before the first
+// parameter is sharded, so each shard is written once into it (no per-parameter shard
+// allocated and freed, which fragments the heap of a large model).
+void GroupBuilder::allocate_flat_shard_if_eligible() {
+  flat_decided_ = true;
+  const auto dtype = plan_.params.front().second.scalar_type();
+  bool flat = device_.is_cpu() && total_ > 0 && !plan_.policy.offload_to_cpu &&
+              !plan_.policy.compute_device &&
+              (!plan_.policy.param_dtype || *plan_.policy.param_dtype == dtype) &&
+              (!plan_.config.reduce_dtype || *plan_.config.reduce_dtype == dtype) &&
+              persistent_buffers_enabled();
+  for (const auto& [name, tensor] : plan_.params) {
+    flat = flat && tensor.scalar_type() == dtype && (tensor.is_cpu() || tensor.is_meta());
+  }
+  if (!flat) return;
+  const size_t pooled_bytes = static_cast<size_t>(world_ * total_) * c10::elementSize(dtype);
+  FlatShard shard =
+      allocate_flat_shard(total_, pooled_bytes, at::TensorOptions().dtype(dtype), plan_.group);
+  plan_.config.flat_shard = shard.tensor;
+  plan_.config.symmetric_buffers = shard.symmetric;
+}
+
+void GroupBuilder::shard(size_t i) {
+  if (!flat_decided_) allocate_flat_shard_if_eligible();
+  auto& [name, tensor] = plan_.params[i];
+  TDIST_CHECK_ARG(!tensor.is_meta(),
+                  "FSDP internal: sharding '" + name + "' while it is still on the meta device");
+  const at::Tensor& flat = plan_.config.flat_shard;
+  const int64_t numel = (i + 1 < offsets_.size() ? offsets_[i + 1] : total_) - offsets_[i];
+  at::Tensor buffer = flat.defined() ? flat.narrow(0, offsets_[i], numel) : at::Tensor();
+  params_[i] = std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy, buffer);
+}
+
+std::unique_ptr<ParamGroup> GroupBuilder::finish(const std::string& label) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i]) {
+      TDIST_THROW(Error, "FSDP internal: parameter '" + plan_.params[i].first + "' of group '" +
+                             label + "' was never sharded");
+    }
+  }
+  return std::make_unique<ParamGroup>(label, std::move(params_), plan_.group,
+                                      std::move(plan_.config));
+}
+
+}  // namespace tdist::fsdp::detail
