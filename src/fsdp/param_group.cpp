@@ -24,8 +24,10 @@
 //  pre_backward  : stash sharded grads, unshard (async), prefetch the previous group, wait.
 //  post_backward : take the unsharded grads, reduce-scatter them (async), reshard. With
 //                  gradient sync off, keep them unsharded instead (accumulated with the
-//                  next synced backward's). With HSDP, finishing the reduce-scatter
-//                  all-reduces the shard gradient across replicas.
+//                  next synced backward's), and with reshard_after_backward false keep the
+//                  parameters unsharded too (the next forward gathers nothing). With HSDP,
+//                  finishing the reduce-scatter all-reduces the shard gradient across
+//                  replicas.
 //  finalize      : post_backward for groups autograd did not reach, wait for the last
 //                  reduce-scatter, reshard everything, back to kIdle.
 //
@@ -296,6 +298,10 @@ void ParamGroup::reshard() {
   if (shard_state_ == ShardState::kUnsharding) wait_for_unshard();
   TraceScope trace("FSDP::reshard", label_);
   point_params(/*unsharded=*/false);
+  if (kept_after_backward_) {  // Note [Unsharded after backward]: the stash returns
+    kept_after_backward_ = false;
+    for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
+  }
   {
     CopyTimer copy(stats_);
     // Note [Freeing unsharded storage]
@@ -496,6 +502,7 @@ void ParamGroup::pre_backward() {
   if (reduce_pending_ && comm_ != nullptr) comm_->finish_pending_reduce();
   if (reduce_pending_) finish_reduce();
   training_state_ = TrainingState::kPreBackward;
+  kept_after_backward_ = false;  // a stash kept unsharded is this backward's to return
   {
     CopyTimer copy(stats_);  // accumulates onto an earlier stash (gradient accumulation)
     for (ShardedParam* p : raw_) p->stash_sharded_grad();
@@ -547,8 +554,12 @@ void ParamGroup::reduce_and_reshard() {
     CopyTimer copy(stats_);
     for (size_t i = 0; i < raw_.size(); ++i) {
       if (grads[i].defined()) raw_[i]->accumulate_unsharded_grad(grads[i].to(reduce_dtype()));
-      raw_[i]->accumulate_sharded_grad(at::Tensor());
     }
+    if (!reshard_after_backward_) {
+      kept_after_backward_ = true;  // Note [Unsharded after backward]
+      return;
+    }
+    for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
     reshard();
     return;
   }
@@ -723,11 +734,20 @@ void ParamGroup::finish_reduce_fast(double divisor) {
   reduce_pending_ = false;
 }
 
+// Note [Unsharded after backward]
+// FSDP2's set_reshard_after_backward(false) saves the next forward's all-gather during
+// gradient accumulation. Here a parameter is one variable that holds either its shard or its
+// full data (Note [Parameter identity]), so it can stay unsharded only after a backward that
+// leaves no sharded gradient to install: one with gradient sync off. Its stashed sharded
+// gradient stays aside meanwhile (P.grad is unset, so an optimizer step in between changes
+// nothing), and returns at the next backward or reshard. A backward that reduces always
+// reshards, since its gradient belongs to the shard the optimizer steps; FSDP2 would keep
+// the full parameters then, and the step would leave them stale.
 void ParamGroup::finalize_backward() {
   if (training_state_ == TrainingState::kPreBackward) reduce_and_reshard();
   graph_forward_calls_ = 0;
   post_backward_calls_ = 0;
-  reshard();
+  if (!kept_after_backward_) reshard();
   training_state_ = TrainingState::kIdle;
 }
 

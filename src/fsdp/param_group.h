@@ -74,6 +74,8 @@ class ParamGroup {
   void set_gradient_divide_factor(std::optional<double> factor);
   /// FSDPModule::set_requires_all_reduce.
   void set_requires_all_reduce(bool all_reduce) { requires_all_reduce_ = all_reduce; }
+  /// FSDPModule::set_reshard_after_backward (Note [Unsharded after backward]).
+  void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
   /// Explicit prefetch targets (FSDP2's set_modules_to_*_prefetch); replace the recorded
   /// order for this group.
@@ -141,6 +143,11 @@ class ParamGroup {
   bool requires_gradient_sync_ = true;
   std::optional<double> gradient_divide_factor_;
   bool requires_all_reduce_ = true;
+  /// Note [Unsharded after backward]: keep the parameters unsharded after a backward that
+  /// does not sync gradients; kept_after_backward_: this backward did, so the sharded
+  /// gradients are still stashed (P.grad is unset while P holds its full data).
+  bool reshard_after_backward_ = true;
+  bool kept_after_backward_ = false;
   /// Note [Accumulation without all-reduce]: the sum of the reduce-scatter outputs of the
   /// backwards that skipped the replica all-reduce (undivided), or undefined.
   at::Tensor partial_reduce_;

@@ -226,6 +226,81 @@ TEST(FSDPRuntimeControls, ReshardAfterForwardAndGradientDivideFactorAtWorlds2And
   }
 }
 
+// set_reshard_after_backward(false) over gradient accumulation (Note [Unsharded after
+// backward]): after each backward without sync the parameters stay unsharded (full shapes,
+// bytes held, no gradient showing), so the next microbatch's forward all-gathers nothing;
+// the synced last microbatch reshards, and training matches the same model accumulating with
+// resharding, bit for bit.
+TDIST_SCENARIO(fsdp_reshard_after_backward) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  const TinyConfig c = wide_config();
+  auto shard_all = [](testing::TinyTransformer& m, std::vector<FSDPModule>& blocks) {
+    for (auto& block : m->blocks) blocks.push_back(fully_shard(block));
+    return fully_shard(m);
+  };
+  auto model = testing::make_tiny(c);
+  auto plain = testing::make_tiny(c);
+  std::vector<FSDPModule> blocks, plain_blocks;
+  FSDPModule root = shard_all(model, blocks);
+  FSDPModule plain_root = shard_all(plain, plain_blocks);
+  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto plain_opt = torch::optim::AdamW(plain->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto gathers = [](const std::vector<FSDPModule>& handles) {
+    int64_t n = 0;
+    for (const auto& h : handles) n += h.stats().all_gathers;
+    return n;
+  };
+  const auto full_shape = model->blocks[0]->fc1->weight.sizes().vec();  // at rest: a shard
+  constexpr int kMicrobatches = 3;
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    plain_opt.zero_grad();
+    const int64_t gathered = gathers(blocks), plain_gathered = gathers(plain_blocks);
+    for (int mb = 0; mb < kMicrobatches; ++mb) {
+      const bool last = mb == kMicrobatches - 1;
+      root.set_requires_gradient_sync(last);
+      root.set_reshard_after_backward(last);
+      plain_root.set_requires_gradient_sync(last);
+      auto [x, y] = testing::tiny_batch(c, 2 * world, 10 * step + mb);
+      x = x.narrow(0, 2 * rank, 2);
+      y = y.narrow(0, 2 * rank, 2);
+      testing::lm_loss(tdist::fsdp::forward(model, x), y).backward();
+      testing::lm_loss(tdist::fsdp::forward(plain, x), y).backward();
+      size_t held = 0;
+      for (const auto& b : blocks) held += b.unsharded_bytes();
+      if (last) {
+        EXPECT_EQ(held, 0u) << "the synced backward reshards";
+      } else {
+        EXPECT_GT(held, 0u) << "microbatch " << mb;
+        EXPECT_NE(model->blocks[0]->fc1->weight.sizes().vec(), full_shape) << "holds full data";
+        for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+      }
+    }
+    // Per block: the first microbatch gathers in forward and backward, the others only in
+    // backward (their forward finds the parameters kept); resharding gathers twice each.
+    EXPECT_EQ(gathers(blocks) - gathered, static_cast<int64_t>(blocks.size()) * 4);
+    EXPECT_EQ(gathers(plain_blocks) - plain_gathered,
+              static_cast<int64_t>(blocks.size()) * 2 * kMicrobatches);
+    opt.step();
+    plain_opt.step();
+  }
+  auto plain_params = plain->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_EQ(item.value().sizes(), plain_params[item.key()].sizes()) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), plain_params[item.key()])) << item.key();
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPRuntimeControls, ReshardAfterBackwardFalseSavesForwardAllGathersAtWorlds2And3) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_reshard_after_backward", world));
+  }
+}
+
 // Two microbatches of gradient accumulation with the controls FSDP2 has for them:
 //  - set_requires_all_reduce(false) (HSDP, FSDP_HSDP_SHARD ranks per replica): the first
 //    backward issues no replica all-reduce and leaves no gradient on the parameters; the
