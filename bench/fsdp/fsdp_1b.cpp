@@ -6,12 +6,15 @@
 // a few unsharded blocks; DDP needs 16*psi per rank, so it runs out of memory.
 //
 //   bench_fsdp_1b [--cap-gib 11] [--modes fsdp,ddp] [--deadline-s 1200]
+//   modes: fsdp (build-then-shard, block by block), fsdp-meta (deferred init: built on the
+//          meta device, then materialize), ddp
 //   env: BENCH_WIDTH (1536) BENCH_DEPTH (36) BENCH_SEQ (32) BENCH_BATCH (1, per rank)
 //        BENCH_VOCAB (1024) BENCH_STEPS (3) BENCH_PREFETCH (1; 0: no prefetch, 1 all-gather
 //        in flight); TDIST_FSDP_SYMMETRIC defaults to 0 here (see the rank's set-up)
 //
-// Safety: the cap bounds each rank's address space, so the two ranks together never hold more
-// than 2 x cap; the run refuses to start unless MemAvailable exceeds that plus 1 GiB.
+// Safety: the cap bounds what each rank maps beyond its libraries, so the two ranks together
+// never hold more than 2 x cap; the run refuses to start unless MemAvailable exceeds that
+// plus 1 GiB.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -37,6 +40,7 @@
 #include "common/free_port.h"
 #include "common/openblas_kernels.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
 
@@ -80,7 +84,19 @@ void say(const std::string& who, const std::string& what) {
   std::cout << s.str() << std::flush;
 }
 
-// One rank: builds the model (FSDP: each block sharded as soon as it is built), trains.
+// Deferred init's values for the GPT's own parameter (pos); LibTorch's layers reset
+// themselves.
+void gpt_init(const std::string& name, torch::nn::Module& module) {
+  if (auto* gpt = dynamic_cast<bench_fsdp::GPTImpl*>(&module)) {
+    gpt->pos.normal_(0.0, 0.02);
+    return;
+  }
+  tdist::fsdp::reset_builtin_parameters(name, module);
+}
+
+// One rank: builds the model and trains. fsdp: each block sharded as soon as it is built
+// (build-then-shard); fsdp-meta: built on the meta device, sharded, then materialize
+// allocates and initialises this rank's shards only (deferred init); ddp: built whole.
 int run_rank(const std::string& mode, int rank) {
   const std::string who = mode + " rank " + std::to_string(rank);
   bench_fsdp::GPTConfig g;
@@ -91,22 +107,36 @@ int run_rank(const std::string& mode, int rank) {
   g.vocab = env_int("BENCH_VOCAB", 1024);
   const int batch = env_int("BENCH_BATCH", 1);
   const int steps = env_int("BENCH_STEPS", 3);
-  const bool fsdp = mode == "fsdp";
+  const bool deferred = mode == "fsdp-meta";
+  const bool fsdp = mode == "fsdp" || deferred;
   // BENCH_PREFETCH=0: no prefetch and one all-gather in flight (fewer unsharded blocks alive).
   tdist::fsdp::FullyShardOptions options;
   if (env_int("BENCH_PREFETCH", 1) == 0) options.prefetch(false).all_gather_limit(1);
   try {
     torch::manual_seed(42);  // identical initial parameters on every rank
     double psi = 0;
+    const double rss_before_gib = gib(proc_kib("/proc/self/status", "VmRSS"));
     const auto t_build = std::chrono::steady_clock::now();
-    GPT model(g, [&](Block& block) {
-      for (const auto& p : block->parameters()) psi += static_cast<double>(p.numel());
-      if (fsdp) tdist::fsdp::fully_shard(block, options);  // the full block is freed here
-    });
+    auto build = [&] {
+      return GPT(g, [&](Block& block) {
+        for (const auto& p : block->parameters()) psi += static_cast<double>(p.numel());
+        if (fsdp) tdist::fsdp::fully_shard(block, options);  // the full block is freed here
+      });
+    };
+    GPT model{nullptr};
+    if (deferred) {
+      tdist::fsdp::MetaDeviceGuard meta;
+      model = build();
+    } else {
+      model = build();
+    }
     for (const auto& np : model->named_parameters()) {
       if (np.key().rfind("block", 0) != 0) psi += static_cast<double>(np.value().numel());
     }
     if (fsdp) tdist::fsdp::fully_shard(model, options);
+    if (deferred) {
+      tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(42).init_fn(gpt_init));
+    }
     std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP
     if (!fsdp) ddp = std::make_unique<DDP>(model);
@@ -118,7 +148,10 @@ int run_rank(const std::string& mode, int rank) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
     {
       std::ostringstream s;
-      s << "built " << psi << " parameters in " << build_s << " s; " << memory_line();
+      s.setf(std::ios::fixed);
+      s.precision(2);
+      s << "built " << psi / 1e9 << "e9 parameters in " << build_s << " s; RSS before building "
+        << rss_before_gib << " GiB; " << memory_line();
       say(who, s.str());
     }
     for (int step = 0; step < steps; ++step) {
@@ -219,9 +252,13 @@ int main(int argc, char** argv) {
   bench_common::restart_with_openblas_kernels(argv);
   torch::set_num_threads(1);  // two ranks on two cores
   if (const char* role = std::getenv("BENCH_ROLE"); role && std::string(role) == "rank") {
-    // The cap first: it covers everything this rank allocates from here on.
+    // The cap first: it covers everything this rank maps from here on, beyond what it maps
+    // already (LibTorch's libraries: with CUDA kernels ~2.3 GiB of address space that is
+    // mostly never resident, and would otherwise count against the cap).
     rlimit cap{};
-    cap.rlim_cur = cap.rlim_max = static_cast<rlim_t>(std::atol(std::getenv("BENCH_CAP_BYTES")));
+    const long mapped_now = proc_kib("/proc/self/status", "VmSize") * 1024;
+    cap.rlim_cur = cap.rlim_max =
+        static_cast<rlim_t>(mapped_now + std::atol(std::getenv("BENCH_CAP_BYTES")));
     if (setrlimit(RLIMIT_AS, &cap) != 0) {
       std::perror("setrlimit(RLIMIT_AS)");
       return 2;
@@ -255,7 +292,7 @@ int main(int argc, char** argv) {
   const double avail_gib = gib(static_cast<double>(proc_kib("/proc/meminfo", "MemAvailable")));
   const double total_gib = gib(static_cast<double>(proc_kib("/proc/meminfo", "MemTotal")));
   std::cout << "machine: " << total_gib << " GiB, available now " << avail_gib
-            << " GiB; cap per rank (RLIMIT_AS) " << cap_gib << " GiB\n";
+            << " GiB; cap per rank (RLIMIT_AS, beyond its libraries) " << cap_gib << " GiB\n";
   if (avail_gib < 2 * cap_gib + 1) {
     std::cout << "refusing to start: two ranks under this cap could take " << 2 * cap_gib
               << " GiB, more than is available now (minus 1 GiB). Lower --cap-gib or wait.\n";
