@@ -136,6 +136,11 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
       ->check(CLI::IsMember({"auto", "single", "ddp", "fsdp"}))
       ->capture_default_str()
       ->group(par);
+  app.add_option("--deferred-init", c.deferred_init,
+                 "Build on the meta device, each rank initialising only its shards under fsdp; "
+                 "per-module seeds (true/false)")
+      ->capture_default_str()
+      ->group(par);
   app.add_option("--nproc", c.nproc, "Ranks to start when not launched by tdistrun")
       ->capture_default_str()
       ->group(par);

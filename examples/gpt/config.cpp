@@ -101,6 +101,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"eval_batches", c.eval_batches},
       {"mode", to_string(c.mode)},
       {"nproc", c.nproc},
+      {"deferred_init", c.deferred_init},
       {"name", c.name},
       {"run_dir", c.resolved_run_dir()},
       {"checkpoint_interval", c.checkpoint_interval},

@@ -56,6 +56,10 @@ struct TrainConfig {
   int nproc = 2;        ///< ranks to spawn when not started by a launcher
   int threads = 0;      ///< intra-op threads per rank; 0: cores / ranks
   int timeout_s = 300;  ///< collective / rendezvous timeout
+  /// Build the model on the meta device and initialise it module by module from per-module
+  /// seeds (tdist::fsdp::materialize): with fsdp each rank allocates only its shards. The
+  /// initial weights then do not depend on the world size (nor equal the default's).
+  bool deferred_init = false;
 
   // --- outputs
   std::string name = "gpt";           ///< run name

@@ -7,15 +7,11 @@
 namespace gpt {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
-    : n_head_(config.n_head), n_embd_(config.n_embd) {
+    : n_head_(config.n_head), n_embd_(config.n_embd), block_size_(config.block_size) {
   c_attn = register_module("c_attn", torch::nn::Linear(n_embd_, 3 * n_embd_));
   c_proj = register_module("c_proj", torch::nn::Linear(n_embd_, n_embd_));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
-  // Not a registered buffer: it is derived from the config, so it stays out of state dicts,
-  // checkpoints and DDP's buffer broadcast (gloo has no bool collectives).
-  mask_ = torch::tril(torch::ones({config.block_size, config.block_size}, torch::kBool))
-              .view({1, 1, config.block_size, config.block_size});
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -27,7 +23,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto v = qkv[2].view({b, t, n_head_, hd}).transpose(1, 2);
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
   using torch::indexing::Slice;
-  if (mask_.device() != x.device()) mask_ = mask_.to(x.device());
+  // Not a registered buffer: it is derived from the config, so it stays out of state dicts,
+  // checkpoints and DDP's buffer broadcast (gloo has no bool collectives). Made at the first
+  // forward, on the input's device (a model built on the meta device has no data to copy).
+  if (!mask_.defined() || mask_.device() != x.device()) {
+    mask_ = torch::tril(torch::ones({block_size_, block_size_}, x.options().dtype(torch::kBool)))
+                .view({1, 1, block_size_, block_size_});
+  }
   auto mask = mask_.index({Slice(), Slice(), Slice(0, t), Slice(0, t)});
   att = att.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
   att = attn_dropout_->forward(torch::softmax(att, -1));
@@ -76,27 +78,46 @@ GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
   init_weights();
 }
 
-void GPTImpl::init_weights() {
-  // GPT-2 initialisation: N(0, 0.02) everywhere, residual projections scaled by
-  // 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
-  torch::NoGradGuard no_grad;
-  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    auto& p = item.value();
-    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
-    if (name.find("ln_") != std::string::npos) {
-      if (is_bias)
-        p.zero_();
-      else
-        p.fill_(1.0);
-    } else if (is_bias) {
+namespace {
+
+// GPT-2 initialisation: N(0, 0.02) everywhere, residual projections scaled by
+// 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with depth.
+double residual_std(const ModelConfig& config) {
+  return 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+}
+
+// `name`: the parameter's name in the model.
+void init_parameter(const std::string& name, torch::Tensor& p, double resid_std) {
+  const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+  if (name.find("ln_") != std::string::npos) {
+    if (is_bias)
       p.zero_();
-    } else if (name.find("c_proj.weight") != std::string::npos) {
-      p.normal_(0.0, resid_std);
-    } else {
-      p.normal_(0.0, 0.02);
-    }
+    else
+      p.fill_(1.0);
+  } else if (is_bias) {
+    p.zero_();
+  } else if (name.find("c_proj.weight") != std::string::npos) {
+    p.normal_(0.0, resid_std);
+  } else {
+    p.normal_(0.0, 0.02);
+  }
+}
+
+}  // namespace
+
+void GPTImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    init_parameter(item.key(), item.value(), residual_std(config_));
+  }
+}
+
+void GPTImpl::init_module(const ModelConfig& config, const std::string& name,
+                          torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    init_parameter(name.empty() ? item.key() : name + "." + item.key(), item.value(),
+                   residual_std(config));
   }
 }
 

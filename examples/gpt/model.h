@@ -30,6 +30,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   int64_t n_embd_;
+  int64_t block_size_;
   torch::nn::Dropout attn_dropout_{nullptr};
   torch::nn::Dropout resid_dropout_{nullptr};
   torch::Tensor mask_;  // [1, 1, block, block] lower-triangular (true: may attend)
@@ -74,6 +75,12 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
 
   const ModelConfig& config() const { return config_; }
+
+  /// GPT-2's initialisation of the parameters `module` holds itself, `name` being its name in
+  /// the model (as named_modules()): deferred init's per-module init_fn, the same rule the
+  /// constructor applies to the whole model.
+  static void init_module(const ModelConfig& config, const std::string& name,
+                          torch::nn::Module& module);
 
   /// How forward() calls each block. Default: block->forward(x). FSDP installs
   /// tdist::fsdp::forward here so each sharded block is gathered around its call, which

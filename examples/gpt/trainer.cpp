@@ -28,6 +28,9 @@
 #include "gpt/progress.h"
 #include "gpt/trace.h"
 #include "tdist/error.h"
+#ifdef TDIST_GPT_WITH_FSDP
+#include "tdist/fsdp/deferred_init.h"
+#endif
 
 namespace gpt {
 namespace fs = std::filesystem;
@@ -146,6 +149,37 @@ std::string human_count(int64_t n) {
   return out.str();
 }
 
+// The model, the same on every rank: initialised from the global seed by its constructor, or
+// (--deferred-init) built on the meta device for materialize_model to initialise.
+GPT build_model(const TrainConfig& c) {
+  if (!c.deferred_init) {
+    torch::manual_seed(c.seed);
+    return GPT(c.model);
+  }
+#ifdef TDIST_GPT_WITH_FSDP
+  tdist::fsdp::MetaDeviceGuard meta;
+  return GPT(c.model);
+#else
+  TDIST_THROW(tdist::InvalidArgument,
+              "--deferred-init needs a gpt built with the fsdp area (-DTDIST_GPT_WITH_FSDP=ON)");
+#endif
+}
+
+// Deferred init: each module from its own seed (GPT-2's rule), this rank's shards only when
+// FSDP has sharded the model already.
+void materialize_model(GPT& model, const TrainConfig& c) {
+#ifdef TDIST_GPT_WITH_FSDP
+  const ModelConfig config = c.model;
+  tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(c.seed).init_fn(
+                                      [config](const std::string& name, torch::nn::Module& module) {
+                                        GPTImpl::init_module(config, name, module);
+                                      }));
+#else
+  (void)model;
+  (void)c;
+#endif
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const World& world, std::ostream& out) {
@@ -177,10 +211,12 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   BatchSampler val_sampler(corpus.val(), c.model.block_size, c.batch_size, world.rank,
                            world.world_size, c.seed + 1, c.eval_batches);
 
-  // Model: the same initialisation on every rank.
-  torch::manual_seed(c.seed);
-  GPT model(c.model);
+  // Model: the same initialisation on every rank. Deferred init materialises after FSDP has
+  // sharded the model (each rank then allocates its shards only), before DDP's broadcast.
+  GPT model = build_model(c);
+  if (c.deferred_init && mode != ParallelMode::kFsdp) materialize_model(model, c);
   auto parallel = make_parallel(mode, model, world, tracer);
+  if (c.deferred_init && mode == ParallelMode::kFsdp) materialize_model(model, c);
   auto optimizer = make_optimizer(*parallel, c);
   Checkpointer checkpointer(run_dir, world);
 

@@ -231,6 +231,7 @@ TDIST_SCENARIO(gpt_train_tiny) {
   config.batch_size = std::atoi(std::getenv("GPT_TEST_BATCH"));
   config.eval_interval = 0;
   config.sample.max_new_tokens = 8;
+  config.deferred_init = tdist::testing::env_int("GPT_TEST_DEFERRED_INIT", 0) != 0;
   auto world = gpt::init_world(60);
   std::ostringstream out;
   auto result = gpt::train(config, world, out);
@@ -238,13 +239,15 @@ TDIST_SCENARIO(gpt_train_tiny) {
   if (result.train_loss.size() != static_cast<size_t>(config.steps)) std::exit(3);
 }
 
-std::string train_in_processes(int world_size, const std::string& mode, int steps, int batch) {
+std::string train_in_processes(int world_size, const std::string& mode, int steps, int batch,
+                               bool deferred_init = false) {
   const auto dir = tdist::testing::make_temp_dir("gpt-world" + std::to_string(world_size));
   tdist::testing::ProcessOptions options;
   options.env = {{"GPT_TEST_RUN_DIR", dir},
                  {"GPT_TEST_MODE", mode},
                  {"GPT_TEST_STEPS", std::to_string(steps)},
-                 {"GPT_TEST_BATCH", std::to_string(batch)}};
+                 {"GPT_TEST_BATCH", std::to_string(batch)},
+                 {"GPT_TEST_DEFERRED_INIT", deferred_init ? "1" : "0"}};
   options.timeout = std::chrono::seconds(240);
   auto results = tdist::testing::run_ranks_as_processes("gpt_train_tiny", world_size, options);
   tdist::testing::expect_all_ok(results);
@@ -271,6 +274,24 @@ TEST(GptTrain, DdpAtWorldTwoMatchesWorldOneWithTheSameGlobalBatch) {
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
 }
+
+#ifdef TDIST_GPT_WITH_FSDP
+TEST(GptTrain, DeferredInitFsdpAtWorldThreeMatchesWorldOneWithTheSameGlobalBatch) {
+  // --deferred-init: built on the meta device, each rank materialising only its shards from
+  // per-module seeds; the initial weights do not depend on the world size, so world 3's FSDP
+  // run follows world 1's (the whole model, materialised without FSDP) step for step.
+  const auto one = train_in_processes(1, "single", 6, 6, /*deferred_init=*/true);
+  const auto three = train_in_processes(3, "fsdp", 6, 2, /*deferred_init=*/true);
+  const auto eager = train_in_processes(1, "single", 6, 6);
+  auto a = logged(one, "train"), b = logged(three, "train"), e = logged(eager, "train");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  ASSERT_EQ(e.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
+  EXPECT_NE(a[0], e[0]) << "deferred init's weights are its own (per-module seeds)";
+  EXPECT_LT(b.back(), b.front()) << "and they train";
+}
+#endif
 
 #endif  // TDIST_GPT_WITH_COMM
 
