@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <torch/nn/modules.h>
+#include <torch/nn/module.h>
 
 #include "fsdp/fsdp_state.h"
 #include "fsdp/group_builder.h"
@@ -216,131 +216,117 @@ void back_to_meta(const at::Tensor& t) {
   t.unsafeGetTensorImpl()->shallow_copy_from(meta.getIntrusivePtr());
 }
 
-// Where each deferred parameter goes: its state's builder and its index there.
-struct PendingParam {
-  detail::GroupBuilder* builder;
-  size_t index;
-};
-
-struct PendingGroup {
-  detail::FSDPState* state;
-  std::unique_ptr<detail::GroupBuilder> builder;
-};
-
-}  // namespace
-
-void reset_builtin_parameters(const std::string& name, torch::nn::Module& module) {
-  namespace nn = torch::nn;
-#define TDIST_RESET_IF(Impl, method)                \
-  if (auto* m = dynamic_cast<nn::Impl*>(&module)) { \
-    m->method();                                    \
-    return;                                         \
-  }
-  TDIST_RESET_IF(LinearImpl, reset_parameters)
-  TDIST_RESET_IF(BilinearImpl, reset_parameters)
-  TDIST_RESET_IF(EmbeddingImpl, reset_parameters)
-  TDIST_RESET_IF(EmbeddingBagImpl, reset_parameters)
-  TDIST_RESET_IF(LayerNormImpl, reset_parameters)
-  TDIST_RESET_IF(GroupNormImpl, reset_parameters)
-  TDIST_RESET_IF(Conv1dImpl, reset_parameters)
-  TDIST_RESET_IF(Conv2dImpl, reset_parameters)
-  TDIST_RESET_IF(Conv3dImpl, reset_parameters)
-  TDIST_RESET_IF(ConvTranspose1dImpl, reset_parameters)
-  TDIST_RESET_IF(ConvTranspose2dImpl, reset_parameters)
-  TDIST_RESET_IF(ConvTranspose3dImpl, reset_parameters)
-  TDIST_RESET_IF(BatchNorm1dImpl, reset_parameters)
-  TDIST_RESET_IF(BatchNorm2dImpl, reset_parameters)
-  TDIST_RESET_IF(BatchNorm3dImpl, reset_parameters)
-  TDIST_RESET_IF(InstanceNorm1dImpl, reset_parameters)
-  TDIST_RESET_IF(InstanceNorm2dImpl, reset_parameters)
-  TDIST_RESET_IF(InstanceNorm3dImpl, reset_parameters)
-  TDIST_RESET_IF(RNNImpl, reset_parameters)
-  TDIST_RESET_IF(LSTMImpl, reset_parameters)
-  TDIST_RESET_IF(GRUImpl, reset_parameters)
-  TDIST_RESET_IF(RNNCellImpl, reset_parameters)
-  TDIST_RESET_IF(LSTMCellImpl, reset_parameters)
-  TDIST_RESET_IF(GRUCellImpl, reset_parameters)
-  TDIST_RESET_IF(MultiheadAttentionImpl, _reset_parameters)
-#undef TDIST_RESET_IF
-  TDIST_THROW(InvalidArgument,
-              "deferred init: module '" + name + "' (" + module.name() +
-                  ") holds parameters or buffers of its own and is not one of LibTorch's "
-                  "layers that reset_builtin_parameters knows; pass "
-                  "MaterializeOptions().init_fn(f), where f initialises that module's tensors "
-                  "and calls reset_builtin_parameters for the others");
-}
-
-void materialize(const std::shared_ptr<torch::nn::Module>& model,
-                 const MaterializeOptions& options) {
-  TDIST_CHECK_ARG(model != nullptr, "materialize: model is null");
-  TDIST_CHECK_ARG(!options.device().is_meta(), "materialize: the device must hold data, not meta");
-  // The groups fully_shard left for deferred init, in module order (the same on every rank,
-  // so the collectives their builders issue match).
-  std::vector<PendingGroup> groups;
-  std::unordered_map<const c10::TensorImpl*, PendingParam> pending;
-  std::unordered_set<const c10::TensorImpl*> sharded;  // by fully_shard calls that did not defer
-  for (detail::FSDPState* state : detail::states_under(*model)) {
-    detail::GroupPlan* plan = state->deferred_group();
-    if (plan == nullptr) {
-      if (detail::ParamGroup* group = state->group()) {
-        for (const auto& p : group->params()) sharded.insert(p->param().unsafeGetTensorImpl());
-      }
-      continue;
-    }
-    auto builder = std::make_unique<detail::GroupBuilder>(*plan, options.device());
-    for (size_t i = 0; i < builder->size(); ++i) {
-      pending[builder->param(i).unsafeGetTensorImpl()] = {builder.get(), i};
-    }
-    groups.push_back({state, std::move(builder)});
+// One materialize call: the groups fully_shard left for it, then each module in turn.
+class Materializer {
+ public:
+  Materializer(torch::nn::Module& model, const MaterializeOptions& options)
+      : options_(options), generators_(options.device()) {
+    collect_groups(model);
   }
 
-  SeededGenerators generators(options.device());
-  std::unordered_map<const c10::TensorImpl*, std::string> owner;
-  for (const auto& item : model->named_modules("", /*include_self=*/true)) {
-    const std::string& name = item.key();
-    torch::nn::Module& module = *item.value();
+  // Allocates, initialises and (for deferred groups) shards the module's own tensors.
+  void materialize_module(const std::string& name, torch::nn::Module& module) {
     std::vector<DirectTensor> tensors = direct_tensors(module);
     bool any_meta = false;
     for (const auto& t : tensors) any_meta = any_meta || t.tensor.is_meta();
-    if (!any_meta) continue;
-    check_not_shared(owner, name, tensors);
-    // Tensors that hold data beside meta ones were made from literal values under the guard
-    // (torch::tensor does not dispatch), e.g. BatchNorm's num_batches_tracked: whole, and
-    // initialised with the rest. A shard is not whole: refused.
-    std::vector<at::Tensor> allocated;
-    for (const auto& t : tensors) {
-      TDIST_CHECK_ARG(sharded.count(t.tensor.unsafeGetTensorImpl()) == 0,
-                      "materialize: module '" + name + "' holds meta tensors and '" +
-                          qualified(name, t.name) +
-                          "', a parameter another fully_shard call has sharded already; build "
-                          "the whole model under MetaDeviceGuard");
-      if (!t.tensor.is_meta()) continue;
-      allocate_in_place(t.tensor, options.device(),
-                        /*transient=*/pending.count(t.tensor.unsafeGetTensorImpl()) != 0);
-      allocated.push_back(t.tensor);
-    }
+    if (!any_meta) return;
+    check_not_shared(owner_, name, tensors);
+    std::vector<at::Tensor> allocated = allocate(name, tensors);
     try {
-      run_init(options.init_fn(), generators, options.seed(), name, module, tensors);
+      run_init(options_.init_fn(), generators_, options_.seed(), name, module, tensors);
     } catch (...) {
       for (const auto& t : allocated) back_to_meta(t);
       throw;
     }
     // Sharded at once: only this module's full parameters are ever held whole.
     for (const auto& t : tensors) {
-      auto it = pending.find(t.tensor.unsafeGetTensorImpl());
-      if (it != pending.end()) it->second.builder->shard(it->second.index);
+      auto it = pending_.find(t.tensor.unsafeGetTensorImpl());
+      if (it != pending_.end()) it->second.builder->shard(it->second.index);
     }
   }
-  for (auto& [state, builder] : groups) {
-    for (size_t i = 0; i < builder->size(); ++i) {
-      if (!builder->sharded(i)) {
-        TDIST_THROW(InvalidArgument, "materialize: a parameter of fully_shard'ed module '" +
-                                         state->label() +
-                                         "' is not held by any module under the model given");
+
+  // Hands each deferred state its group; every parameter must have been reached.
+  void finish() {
+    for (auto& [state, builder] : groups_) {
+      for (size_t i = 0; i < builder->size(); ++i) {
+        if (!builder->sharded(i)) {
+          TDIST_THROW(InvalidArgument, "materialize: a parameter of fully_shard'ed module '" +
+                                           state->label() +
+                                           "' is not held by any module under the model given");
+        }
       }
+      state->set_materialized_group(builder->finish(""));
     }
-    state->set_materialized_group(builder->finish(""));
   }
+
+ private:
+  struct PendingParam {  // a deferred parameter: its state's builder and its index there
+    detail::GroupBuilder* builder;
+    size_t index;
+  };
+  struct PendingGroup {
+    detail::FSDPState* state;
+    std::unique_ptr<detail::GroupBuilder> builder;
+  };
+
+  // The deferred groups in module order (the same on every rank, so the collectives their
+  // builders issue match), and the parameters other fully_shard calls sharded already.
+  void collect_groups(torch::nn::Module& model) {
+    for (detail::FSDPState* state : detail::states_under(model)) {
+      detail::GroupPlan* plan = state->deferred_group();
+      if (plan == nullptr) {
+        if (detail::ParamGroup* group = state->group()) {
+          for (const auto& p : group->params()) sharded_.insert(p->param().unsafeGetTensorImpl());
+        }
+        continue;
+      }
+      auto builder = std::make_unique<detail::GroupBuilder>(*plan, options_.device());
+      for (size_t i = 0; i < builder->size(); ++i) {
+        pending_[builder->param(i).unsafeGetTensorImpl()] = {builder.get(), i};
+      }
+      groups_.push_back({state, std::move(builder)});
+    }
+  }
+
+  // Storage for the module's meta tensors. Tensors holding data beside them were made from
+  // literal values under the guard (torch::tensor does not dispatch), e.g. BatchNorm's
+  // num_batches_tracked: whole, and initialised with the rest. A shard is not whole: refused.
+  std::vector<at::Tensor> allocate(const std::string& name,
+                                   const std::vector<DirectTensor>& tensors) {
+    std::vector<at::Tensor> allocated;
+    for (const auto& t : tensors) {
+      TDIST_CHECK_ARG(sharded_.count(t.tensor.unsafeGetTensorImpl()) == 0,
+                      "materialize: module '" + name + "' holds meta tensors and '" +
+                          qualified(name, t.name) +
+                          "', a parameter another fully_shard call has sharded already; build "
+                          "the whole model under MetaDeviceGuard");
+      if (!t.tensor.is_meta()) continue;
+      const bool transient = pending_.count(t.tensor.unsafeGetTensorImpl()) != 0;
+      allocate_in_place(t.tensor, options_.device(), transient);
+      allocated.push_back(t.tensor);
+    }
+    return allocated;
+  }
+
+  const MaterializeOptions& options_;
+  SeededGenerators generators_;
+  std::vector<PendingGroup> groups_;
+  std::unordered_map<const c10::TensorImpl*, PendingParam> pending_;
+  std::unordered_set<const c10::TensorImpl*> sharded_;
+  std::unordered_map<const c10::TensorImpl*, std::string> owner_;  // see check_not_shared
+};
+
+}  // namespace
+
+void materialize(const std::shared_ptr<torch::nn::Module>& model,
+                 const MaterializeOptions& options) {
+  TDIST_CHECK_ARG(model != nullptr, "materialize: model is null");
+  TDIST_CHECK_ARG(!options.device().is_meta(), "materialize: the device must hold data, not meta");
+  Materializer materializer(*model, options);
+  for (const auto& item : model->named_modules("", /*include_self=*/true)) {
+    materializer.materialize_module(item.key(), *item.value());
+  }
+  materializer.finish();
 }
 
 void init_parameters(const std::shared_ptr<torch::nn::Module>& model,
