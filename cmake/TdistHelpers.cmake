@@ -13,8 +13,9 @@ endfunction()
 
 # tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>])
 # Builds src/<area>/*.cpp, but those matching EXCLUDE, into the static library tdist_<area>.
-# Areas without sources are skipped, so work in progress elsewhere never blocks a build. NO_TORCH: the area's own
-# sources never include LibTorch (no precompiled header, no direct tdist_torch link).
+# An area without sources is skipped; one that depends on an area not built is a configure
+# error, naming both. NO_TORCH: the area's own sources never include LibTorch (no
+# precompiled header, no direct tdist_torch link).
 function(tdist_add_area)
   cmake_parse_arguments(ARG "NO_TORCH" "NAME;EXCLUDE" "DEPS;LIBS" ${ARGN})
   file(GLOB_RECURSE _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${ARG_NAME}/*.cpp)
@@ -32,9 +33,11 @@ function(tdist_add_area)
     $<INSTALL_INTERFACE:include>
     PRIVATE ${PROJECT_SOURCE_DIR}/src)
   foreach(_dep ${ARG_DEPS})
-    if(TARGET tdist_${_dep})
-      target_link_libraries(${_target} PUBLIC tdist_${_dep})
+    if(NOT TARGET tdist_${_dep})
+      message(FATAL_ERROR "area ${ARG_NAME} depends on ${_dep}, which is not built (no "
+                          "sources, or declared after ${ARG_NAME} in src/CMakeLists.txt)")
     endif()
+    target_link_libraries(${_target} PUBLIC tdist_${_dep})
   endforeach()
   if(ARG_NO_TORCH)
     target_link_libraries(${_target} PUBLIC Threads::Threads ${ARG_LIBS})

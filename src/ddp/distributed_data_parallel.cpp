@@ -1,13 +1,14 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
 #include <ATen/ATen.h>
 
 #include "ddp/reducer.h"
-#include "mesh/gather_strings.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/object_collectives.h"
 #include "tdist/ddp/bucketing.h"
 #include "tdist/error.h"
 
@@ -88,9 +89,14 @@ void DistributedDataParallel::verify_parameters_across_ranks() const {
     sig << item.key() << " " << item.value().sizes() << " " << item.value().scalar_type()
         << (item.value().requires_grad() ? "" : " (frozen)") << "\n";
   }
-  const auto all = mesh::detail::all_gather_strings(sig.str(), group_);
-  const int bad = mesh::detail::first_mismatch(all);
-  if (bad < 0) return;
+  std::vector<Object> gathered;
+  all_gather_object(gathered, Object(sig.str()), group_);
+  std::vector<std::string> all;
+  for (const auto& o : gathered) all.push_back(o.as_string());
+  const auto differs =
+      std::find_if(all.begin(), all.end(), [&](const std::string& s) { return s != all[0]; });
+  if (differs == all.end()) return;
+  const int bad = static_cast<int>(differs - all.begin());
   const auto ref = split_lines(all[0]);
   const auto other = split_lines(all[bad]);
   std::string detail;

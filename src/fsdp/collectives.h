@@ -1,8 +1,10 @@
 #pragma once
 
-// Stateless FSDP collectives over a group of ShardedParams, as FSDP2's _fsdp_collectives:
-// each call copies in, issues ONE asynchronous collective, and returns a small record; a
-// second function finishes it (copy-out). Neither keeps state between calls.
+// FSDP's collectives over a group of ShardedParams, as FSDP2's _fsdp_collectives: each call
+// copies in, issues one asynchronous collective and returns a record of what is in flight
+// (its buffers and Work), which the caller (ParamGroup) keeps until the matching copy-out
+// finishes it. What is in flight lives in those records and in the caller's buffers; the
+// functions themselves keep nothing between calls (their counters go to the FSDPStats given).
 //
 // Note [Flat buffer layout]
 // A group's all-gather input on rank r is the concatenation of its params' padded shards

@@ -4,8 +4,8 @@
 #include <set>
 #include <sstream>
 
-#include "mesh/gather_strings.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
 
 namespace tdist::mesh {
@@ -263,14 +263,18 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   // hanging in a collective the others never issue.
   const std::string mine =
       call_signature(device_type, mesh_shape, mesh_dim_names, backend_override);
-  const auto all = detail::all_gather_strings(mine);
-  const int bad = detail::first_mismatch(all);
-  if (bad >= 0) {
+  std::vector<Object> all;
+  all_gather_object(all, Object(mine));
+  const auto differs = std::find_if(
+      all.begin(), all.end(), [&](const Object& o) { return o.as_string() != all[0].as_string(); });
+  if (differs != all.end()) {
+    const auto bad = differs - all.begin();
     TDIST_THROW(InvalidArgument, "rank " + std::to_string(rank) +
                                      ": init_device_mesh was called with different arguments "
                                      "across ranks: rank 0 gave " +
-                                     all[0] + " but rank " + std::to_string(bad) + " gave " +
-                                     all[bad] + "; every rank must build the same mesh");
+                                     all[0].as_string() + " but rank " + std::to_string(bad) +
+                                     " gave " + differs->as_string() +
+                                     "; every rank must build the same mesh");
   }
   validate(device_type, mesh_shape, mesh_dim_names, world, rank);
 
