@@ -10,6 +10,7 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/state_dict.h"
+#include "tdist/util/optimizer_state.h"
 
 namespace tdist::checkpoint {
 
@@ -111,7 +112,7 @@ OptimizerStateView optimizer_state_view(torch::optim::Optimizer& optimizer,
           if (field.find('.') == std::string::npos) saved.insert(field);
         }
       }
-      for (auto& f : fsdp::detail::optimizer_state_fields(optimizer, p, p.detach(), saved)) {
+      for (auto& f : util::optimizer_state_fields(optimizer, p, p.detach(), saved)) {
         view.tensors[prefix + f.name] = ShardedTensor::whole(f.tensor);
         if (f.is_step) {
           view.apply_scalars.push_back(

@@ -30,136 +30,11 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
+#include "tdist/util/optimizer_state.h"
 #include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
 namespace detail {
-namespace {
-
-// ---- optimizer state fields ----------------------------------------------------------------
-
-class FieldCollector {
- public:
-  FieldCollector(const at::Tensor& like, const std::set<std::string>& create)
-      : like_(like), create_(create) {}
-
-  bool creating() const { return !create_.empty(); }
-
-  template <typename State, typename Get, typename Set>
-  void tensor(State& st, const char* name, Get get, Set set) {
-    at::Tensor t = get(st);
-    if (!t.defined() && create_.count(name) > 0) {
-      t = at::zeros_like(like_, at::MemoryFormat::Contiguous);
-      set(st, t);
-    }
-    if (t.defined()) out_.push_back({name, t, false, {}});
-  }
-
-  template <typename State, typename Get, typename Set>
-  void step(State& st, Get get, Set set) {
-    at::Tensor t = at::scalar_tensor(static_cast<int64_t>(get(st)), at::kLong);
-    State* target = &st;
-    out_.push_back({"step", t, true, [target, set](int64_t v) { set(*target, v); }});
-  }
-
-  std::vector<OptimizerStateField> take() { return std::move(out_); }
-
- private:
-  at::Tensor like_;
-  const std::set<std::string>& create_;
-  std::vector<OptimizerStateField> out_;
-};
-
-template <typename State>
-State* find_or_create(torch::optim::Optimizer& optimizer, const at::Tensor& param, bool create) {
-  auto& states = optimizer.state();
-  const auto key = util::optimizer_state_key(param);
-  auto it = states.find(key);
-  if (it == states.end()) {
-    if (!create) return nullptr;
-    it = states.emplace(key, std::make_unique<State>()).first;
-  }
-  auto* st = dynamic_cast<State*>(it->second.get());
-  TDIST_CHECK_ARG(st != nullptr,
-                  "optimizer state dict: the optimizer's per-parameter state "
-                  "has an unexpected type for its optimizer class");
-  return st;
-}
-
-template <typename State>
-void adam_like(torch::optim::Optimizer& opt, const at::Tensor& p, FieldCollector& f) {
-  auto* st = find_or_create<State>(opt, p, f.creating());
-  if (st == nullptr) return;
-  f.step(
-      *st, [](State& s) { return s.step(); }, [](State& s, int64_t v) { s.step(v); });
-  f.tensor(
-      *st, "exp_avg", [](State& s) { return s.exp_avg(); },
-      [](State& s, const at::Tensor& t) { s.exp_avg(t); });
-  f.tensor(
-      *st, "exp_avg_sq", [](State& s) { return s.exp_avg_sq(); },
-      [](State& s, const at::Tensor& t) { s.exp_avg_sq(t); });
-  f.tensor(
-      *st, "max_exp_avg_sq", [](State& s) { return s.max_exp_avg_sq(); },
-      [](State& s, const at::Tensor& t) { s.max_exp_avg_sq(t); });
-}
-
-const std::set<std::string>& known_fields() {
-  static const std::set<std::string> fields{"step",           "exp_avg",         "exp_avg_sq",
-                                            "max_exp_avg_sq", "momentum_buffer", "sum",
-                                            "square_avg",     "grad_avg"};
-  return fields;
-}
-
-}  // namespace
-
-std::vector<OptimizerStateField> optimizer_state_fields(torch::optim::Optimizer& optimizer,
-                                                        const at::Tensor& param,
-                                                        const at::Tensor& like,
-                                                        const std::set<std::string>& create) {
-  namespace o = torch::optim;
-  FieldCollector f(like, create);
-  if (dynamic_cast<o::AdamW*>(&optimizer) != nullptr) {
-    adam_like<o::AdamWParamState>(optimizer, param, f);
-  } else if (dynamic_cast<o::Adam*>(&optimizer) != nullptr) {
-    adam_like<o::AdamParamState>(optimizer, param, f);
-  } else if (dynamic_cast<o::SGD*>(&optimizer) != nullptr) {
-    using S = o::SGDParamState;
-    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
-      f.tensor(
-          *st, "momentum_buffer", [](S& s) { return s.momentum_buffer(); },
-          [](S& s, const at::Tensor& t) { s.momentum_buffer(t); });
-    }
-  } else if (dynamic_cast<o::Adagrad*>(&optimizer) != nullptr) {
-    using S = o::AdagradParamState;  // created eagerly by the optimizer
-    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
-      f.step(
-          *st, [](S& s) { return s.step(); }, [](S& s, int64_t v) { s.step(v); });
-      f.tensor(
-          *st, "sum", [](S& s) { return s.sum(); }, [](S& s, const at::Tensor& t) { s.sum(t); });
-    }
-  } else if (dynamic_cast<o::RMSprop*>(&optimizer) != nullptr) {
-    using S = o::RMSpropParamState;
-    if (auto* st = find_or_create<S>(optimizer, param, f.creating())) {
-      f.step(
-          *st, [](S& s) { return s.step(); }, [](S& s, int64_t v) { s.step(v); });
-      f.tensor(
-          *st, "square_avg", [](S& s) { return s.square_avg(); },
-          [](S& s, const at::Tensor& t) { s.square_avg(t); });
-      f.tensor(
-          *st, "momentum_buffer", [](S& s) { return s.momentum_buffer(); },
-          [](S& s, const at::Tensor& t) { s.momentum_buffer(t); });
-      f.tensor(
-          *st, "grad_avg", [](S& s) { return s.grad_avg(); },
-          [](S& s, const at::Tensor& t) { s.grad_avg(t); });
-    }
-  } else {
-    TDIST_THROW(InvalidArgument,
-                "optimizer state dict: optimizer type not supported (SGD, Adam, AdamW, Adagrad, "
-                "RMSprop are); save its state as a ShardedStateDict yourself");
-  }
-  return f.take();
-}
-
 namespace {
 
 // ---- the module's entries (Note [State dict entries]) -------------------------------------
@@ -365,7 +240,7 @@ ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
 
 /// The optimizer's fields by key "<fqn>.<field>", with the entry of their parameter.
 struct OptimizerItem {
-  OptimizerStateField field;
+  util::OptimizerStateField field;
   const Entry* entry;
 };
 
@@ -380,7 +255,7 @@ std::map<std::string, OptimizerItem> optimizer_items(torch::optim::Optimizer& op
                           ": the optimizer holds a parameter the module does not have; pass "
                           "the module the optimizer was built from");
       const Entry& e = me.entries.at(name->second);
-      for (auto& f : optimizer_state_fields(optimizer, p, e.local())) {
+      for (auto& f : util::optimizer_state_fields(optimizer, p, e.local())) {
         if (!f.is_step && f.tensor.sizes() != e.local().sizes()) {
           TDIST_THROW(InvalidArgument, "get_optimizer_state_dict" + on_rank() + ": state '" +
                                            f.name + "' of '" + name->second + "' has shape " +
@@ -547,7 +422,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
     const auto dot = key.rfind('.');
     const std::string fqn = dot == std::string::npos ? "" : key.substr(0, dot);
     const std::string field = dot == std::string::npos ? key : key.substr(dot + 1);
-    if (optimizer_params.count(fqn) == 0 || detail::known_fields().count(field) == 0) {
+    if (optimizer_params.count(fqn) == 0 || util::optimizer_state_field_names().count(field) == 0) {
       unexpected.push_back(key);
       continue;
     }
@@ -569,7 +444,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
     for (const auto& [field, st] : fields) create.insert(field);
     std::set<std::string> applied;
     for (auto& f :
-         detail::optimizer_state_fields(optimizer, *optimizer_params.at(fqn), e.local(), create)) {
+         util::optimizer_state_fields(optimizer, *optimizer_params.at(fqn), e.local(), create)) {
       auto it = fields.find(f.name);
       if (it == fields.end()) continue;
       const std::string key = fqn + "." + f.name;

@@ -26,8 +26,6 @@
 // summon_full_params). A sharded state dict aliases the live parameters and optimizer state
 // (clone it to keep a snapshot); a full one is always a copy.
 
-#include <functional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -70,26 +68,6 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
                               const ShardedStateDict& state, const StateDictOptions& options = {});
 
 namespace detail {
-
-/// One per-parameter optimizer state field, shared by the FSDP state dicts and
-/// tdist::checkpoint's module adapters.
-struct OptimizerStateField {
-  std::string name;  // "exp_avg", "step", ...
-  /// Tensor fields: the live state tensor (shaped like the parameter's local data). `step`:
-  /// a 0-dim int64 copy; write it back with set_step.
-  at::Tensor tensor;
-  bool is_step = false;
-  std::function<void(int64_t)> set_step;
-};
-
-/// The state `optimizer` (SGD, Adam, AdamW, Adagrad, RMSprop) keeps for `param`; empty when
-/// it has none yet. Fields named in `create` that are absent are created first, as zeros
-/// shaped like `like` (the parameter's local data) or step 0, creating the parameter's state
-/// itself when needed. Throws InvalidArgument for other optimizer types.
-std::vector<OptimizerStateField> optimizer_state_fields(torch::optim::Optimizer& optimizer,
-                                                        const at::Tensor& param,
-                                                        const at::Tensor& like,
-                                                        const std::set<std::string>& create = {});
 
 /// Reshards every FSDP group under `module` so that writes into the tensors of its sharded
 /// state dict take effect (a root left unsharded by a forward-only call would keep using its
