@@ -269,6 +269,69 @@ void remove_quietly(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
+// Phase 1 on every rank: describe this rank's state; rank 0 also creates the hidden
+// directory the files are written into (its token in the payload).
+Report plan_report_of(const ShardedStateDict& state, const ExtraState& extra,
+                      const detail::CheckpointPaths& paths, const SaveOptions& options, int rank,
+                      const FaultInjection& fault) {
+  Report report;
+  try {
+    detail::maybe_inject(fault, rank, SavePhase::kPlan);
+    report.payload["tensors"] = describe_local_state(state);
+    report.payload["extra"] = extra.to_json();
+    if (!extra.user.is_object()) {
+      TDIST_THROW(InvalidArgument, "checkpoint: ExtraState::user must be a JSON object");
+    }
+    if (rank == 0) {
+      if (fs::exists(paths.final_dir) && !options.overwrite()) {
+        TDIST_THROW(CheckpointError, "checkpoint: '" + paths.final_dir +
+                                         "' already exists; pass SaveOptions().overwrite(true) "
+                                         "or save to a new directory");
+      }
+      const std::string token = random_token();
+      fs::create_directories(paths.parent);
+      fs::create_directory(detail::partial_dir(paths, token));
+      report.payload["token"] = token;
+    }
+  } catch (const std::exception& e) {
+    report = Report{false, e.what()};
+  }
+  return report;
+}
+
+// Phase 3 on rank 0: the metadata file by rename inside the hidden directory, then the
+// directory by rename over the final name (an old checkpoint there moved aside first and
+// removed after). *committed turns true at the directory's rename: from then on the new
+// checkpoint is the one on disk, whatever fails after.
+void commit_on_rank0(const CheckpointMetadata& metadata, const json& rank0_write,
+                     const std::string& token, const std::string& partial,
+                     const detail::CheckpointPaths& paths, const SaveOptions& options,
+                     const FaultInjection& fault, bool* committed) {
+  const int rank = 0;
+  const auto [meta_name, bytes] = encode_for_format(metadata, rank0_write, paths.final_dir, token);
+  const std::string final_meta = (fs::path(partial) / meta_name).string();
+  const std::string tmp_meta = final_meta + ".tmp";
+  {
+    detail::OutputFile out(tmp_meta, 1 << 20);
+    out.write(bytes.data(), bytes.size());
+    out.close(options.fsync());
+  }
+  detail::maybe_inject(fault, rank, SavePhase::kMetadata);
+  detail::rename_path(tmp_meta, final_meta);
+  if (options.fsync()) detail::fsync_dir(partial);
+  detail::maybe_inject(fault, rank, SavePhase::kCommit);
+  std::string replaced;
+  if (fs::exists(paths.final_dir)) {  // overwrite: move the old one aside first
+    replaced = detail::partial_dir(paths, "replaced-" + random_token());
+    detail::rename_path(paths.final_dir, replaced);
+  }
+  detail::rename_path(partial, paths.final_dir);
+  *committed = true;
+  if (options.fsync()) detail::fsync_dir(paths.parent);
+  if (!replaced.empty()) remove_quietly(replaced);
+  detail::maybe_inject(fault, rank, SavePhase::kAfterCommit);
+}
+
 }  // namespace
 
 void save(const ShardedStateDict& state, const ExtraState& extra, const std::string& dir,
@@ -284,29 +347,7 @@ void save(const ShardedStateDict& state, const ExtraState& extra, const std::str
   const std::string operation = "save of '" + paths.final_dir + "'";
 
   // ---- Phase 1: plan. Rank 0 prepares the hidden directory; everyone describes its state.
-  Report plan_report;
-  try {
-    detail::maybe_inject(fault, rank, SavePhase::kPlan);
-    plan_report.payload["tensors"] = describe_local_state(state);
-    plan_report.payload["extra"] = extra.to_json();
-    if (!extra.user.is_object()) {
-      TDIST_THROW(InvalidArgument, "checkpoint: ExtraState::user must be a JSON object");
-    }
-    if (rank == 0) {
-      if (fs::exists(paths.final_dir) && !options.overwrite()) {
-        TDIST_THROW(CheckpointError, "checkpoint: '" + paths.final_dir +
-                                         "' already exists; pass SaveOptions().overwrite(true) "
-                                         "or save to a new directory");
-      }
-      const std::string token = random_token();
-      fs::create_directories(paths.parent);
-      const std::string partial = detail::partial_dir(paths, token);
-      fs::create_directory(partial);
-      plan_report.payload["token"] = token;
-    }
-  } catch (const std::exception& e) {
-    plan_report = Report{false, e.what()};
-  }
+  const Report plan_report = plan_report_of(state, extra, paths, options, rank, fault);
   std::string my_partial;  // rank 0: the directory it created, removed on any failure
   if (rank == 0 && plan_report.ok) {
     my_partial = detail::partial_dir(paths, plan_report.payload.at("token").get<std::string>());
@@ -368,31 +409,9 @@ void save(const ShardedStateDict& state, const ExtraState& extra, const std::str
     try {
       CheckpointMetadata metadata = assemble_metadata(writes, std::move(tensors));
       metadata.format = options.format();
-      const auto [meta_name, bytes] =
-          encode_for_format(metadata, writes[0].payload, paths.final_dir,
-                            plans[0].payload.at("token").get<std::string>());
-      const std::string final_meta = (fs::path(partial) / meta_name).string();
-      const std::string tmp_meta = final_meta + ".tmp";
-      {
-        detail::OutputFile out(tmp_meta, 1 << 20);
-        out.write(bytes.data(), bytes.size());
-        out.close(options.fsync());
-      }
-      detail::maybe_inject(fault, rank, SavePhase::kMetadata);
-      detail::rename_path(tmp_meta, final_meta);
-      if (options.fsync()) detail::fsync_dir(partial);
-      detail::maybe_inject(fault, rank, SavePhase::kCommit);
-      std::string replaced;
-      if (fs::exists(paths.final_dir)) {  // overwrite: move the old one aside first
-        replaced = detail::partial_dir(paths, "replaced-" + random_token());
-        detail::rename_path(paths.final_dir, replaced);
-      }
-      detail::rename_path(partial, paths.final_dir);
-      committed = true;
+      commit_on_rank0(metadata, writes[0].payload, plans[0].payload.at("token").get<std::string>(),
+                      partial, paths, options, fault, &committed);
       my_partial.clear();
-      if (options.fsync()) detail::fsync_dir(paths.parent);
-      if (!replaced.empty()) remove_quietly(replaced);
-      detail::maybe_inject(fault, rank, SavePhase::kAfterCommit);
     } catch (const std::exception& e) {
       commit_report = Report{false, e.what()};
       if (!committed) remove_quietly(partial);

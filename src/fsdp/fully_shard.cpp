@@ -164,47 +164,49 @@ FSDPModule fully_shard(const std::shared_ptr<torch::nn::Module>& module,
   return fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>{module}, options);
 }
 
-FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                       const FullyShardOptions& options) {
-  TDIST_CHECK_ARG(!modules.empty(), "fully_shard: no module given");
-  for (const auto& m : modules) TDIST_CHECK_ARG(m != nullptr, "fully_shard: a module is null");
-  const MeshGroups groups = mesh_groups(options);
-  const ProcessGroupPtr& group = groups.shard;
-  TDIST_CHECK_ARG(group->is_member(), "fully_shard: rank " + std::to_string(get_rank()) +
-                                          " is not a member of the group to shard over");
-  const int world = group->size();
-  const int rank = group->rank();
+namespace {
+
+// The reshard_after_forward group size after checking every option against the group:
+// 0 for "the whole group" (true), 1 for false, k for a k-rank group.
+int checked_reshard_group_size(const FullyShardOptions& options, int world, int rank) {
   int k = options.reshard_after_forward().group_size();
   TDIST_CHECK_ARG(k >= 0 && (k == 0 || world % k == 0),
                   "fully_shard: reshard_after_forward=" + std::to_string(k) + " on rank " +
                       std::to_string(rank) + " must divide the group size " +
                       std::to_string(world) + " (or be true/false)");
   TDIST_CHECK_ARG(options.all_gather_limit() >= 1, "fully_shard: all_gather_limit must be >= 1");
-  if (k == world) k = 0;  // a k-group the size of the world is plain resharding
   for (const auto& dtype : {options.mp_policy().param_dtype(), options.mp_policy().reduce_dtype(),
                             options.mp_policy().output_dtype()}) {
     TDIST_CHECK_ARG(!dtype || c10::isFloatingType(*dtype),
                     "fully_shard: MixedPrecisionPolicy dtypes must be floating point, got " +
                         std::string(c10::toString(*dtype)));
   }
+  return k == world ? 0 : k;  // a k-group the size of the world is plain resharding
+}
 
+// What one fully_shard call manages: the parameters not under an already sharded submodule
+// (bottom-up) nor ignored, and the sharded submodules directly below.
+struct ManagedParams {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<std::pair<std::string, detail::FSDPState*>> children;
+};
+
+ManagedParams collect_managed(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                              const FullyShardOptions& options) {
   std::unordered_set<const c10::TensorImpl*> ignored;
   for (const auto& t : options.ignored_params()) ignored.insert(t.unsafeGetTensorImpl());
-
-  // Parameters this call manages: those not under an already sharded submodule (bottom-up).
-  std::vector<std::pair<std::string, at::Tensor>> managed;
-  std::vector<std::pair<std::string, detail::FSDPState*>> children;
+  ManagedParams out;
   std::unordered_set<const c10::TensorImpl*> seen;
   std::function<void(torch::nn::Module&, const std::string&)> walk =
       [&](torch::nn::Module& m, const std::string& prefix) {
         for (const auto& item : m.named_parameters(/*recurse=*/false)) {
           const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
           if (ignored.count(impl) != 0) continue;
-          if (seen.insert(impl).second) managed.emplace_back(prefix + item.key(), item.value());
+          if (seen.insert(impl).second) out.params.emplace_back(prefix + item.key(), item.value());
         }
         for (const auto& child : m.named_children()) {
           if (detail::FSDPState* s = detail::find_state(*child.value())) {
-            children.emplace_back(prefix + child.key(), s);
+            out.children.emplace_back(prefix + child.key(), s);
             continue;
           }
           walk(*child.value(), prefix + child.key() + ".");
@@ -214,40 +216,64 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   for (size_t i = 0; i < modules.size(); ++i) {
     walk(*modules[i], modules.size() == 1 ? "" : std::to_string(i) + ".");
   }
+  return out;
+}
 
+detail::GroupConfig group_config(const FullyShardOptions& options, const MeshGroups& groups,
+                                 int k) {
   detail::GroupConfig config;
   config.reshard_after_forward = k == 0 ? ReshardAfterForward(true) : ReshardAfterForward(k);
-  if (k > 1) config.post_forward_group = detail::post_forward_group(group, k);
+  if (k > 1) config.post_forward_group = detail::post_forward_group(groups.shard, k);
   config.replicate_group = groups.replicate;
   config.reduce_dtype = options.mp_policy().reduce_dtype() ? options.mp_policy().reduce_dtype()
                                                            : options.mp_policy().param_dtype();
+  return config;
+}
+
+detail::ParamPolicy param_policy(const FullyShardOptions& options) {
   detail::ParamPolicy policy;
   policy.param_dtype = options.mp_policy().param_dtype();
   policy.compute_device = compute_device(options);
   policy.offload_to_cpu = options.offload_policy().offload_to_cpu();
   policy.pin_memory = options.offload_policy().pin_memory();
+  return policy;
+}
 
-  // Note [Deferred init]: parameters built on the meta device are sharded by materialize,
-  // once their module's full values exist; until then the state holds only the plan.
-  const size_t on_meta = static_cast<size_t>(std::count_if(
-      managed.begin(), managed.end(), [](const auto& item) { return item.second.is_meta(); }));
-  if (on_meta != 0 && on_meta != managed.size()) {
-    auto meta = std::find_if(managed.begin(), managed.end(),
-                             [](const auto& item) { return item.second.is_meta(); });
-    auto real = std::find_if(managed.begin(), managed.end(),
-                             [](const auto& item) { return !item.second.is_meta(); });
+// Note [Deferred init]: true when the parameters were built on the meta device (materialize
+// shards them later); a mix of meta and real parameters is refused, naming one of each.
+bool built_on_meta(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  auto is_meta = [](const auto& item) { return item.second.is_meta(); };
+  const auto meta = std::find_if(params.begin(), params.end(), is_meta);
+  if (meta == params.end()) return false;
+  const auto real = std::find_if_not(params.begin(), params.end(), is_meta);
+  if (real != params.end()) {
     TDIST_THROW(InvalidArgument,
                 "fully_shard: parameter '" + meta->first + "' is on the meta device but '" +
                     real->first + "' holds data (" + real->second.device().str() +
                     "); build the whole model under tdist::fsdp::MetaDeviceGuard (deferred "
                     "init) or none of it");
   }
-  detail::GroupPlan plan{std::move(managed), group, std::move(config), policy};
+  return true;
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       const FullyShardOptions& options) {
+  TDIST_CHECK_ARG(!modules.empty(), "fully_shard: no module given");
+  for (const auto& m : modules) TDIST_CHECK_ARG(m != nullptr, "fully_shard: a module is null");
+  const MeshGroups groups = mesh_groups(options);
+  const ProcessGroupPtr& group = groups.shard;
+  TDIST_CHECK_ARG(group->is_member(), "fully_shard: rank " + std::to_string(get_rank()) +
+                                          " is not a member of the group to shard over");
+  const int k = checked_reshard_group_size(options, group->size(), group->rank());
+  ManagedParams managed = collect_managed(modules, options);
+  const bool deferred = built_on_meta(managed.params);
+  detail::GroupPlan plan{std::move(managed.params), group, group_config(options, groups, k),
+                         param_policy(options)};
+
   std::unique_ptr<detail::ParamGroup> param_group;
-  std::optional<detail::GroupPlan> deferred;
-  if (on_meta != 0) {
-    deferred = std::move(plan);
-  } else if (!plan.params.empty()) {
+  if (!deferred && !plan.params.empty()) {
     const c10::Device device = plan.params.front().second.device();
     detail::GroupBuilder builder(std::move(plan), device);
     for (size_t i = 0; i < builder.size(); ++i) builder.shard(i);
@@ -255,10 +281,10 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
   }
   auto state =
       std::make_shared<detail::FSDPState>(modules.front(), std::move(param_group), options);
-  if (deferred) state->defer_group(std::move(*deferred));
+  if (deferred) state->defer_group(std::move(plan));
   state->set_module_count(modules.size());
   state->set_label("root");
-  for (auto& [name, child] : children) {
+  for (auto& [name, child] : managed.children) {
     if (child->parent() == nullptr) child->set_parent(state.get());
     if (child->label() == "root") child->set_label(name);
   }

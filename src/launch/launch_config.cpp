@@ -143,25 +143,22 @@ int resolve_nproc(const std::string& value) {
   return n;
 }
 
-ParsedArgs parse_launch_args(int argc, const char* const* argv) {
-  CLI::App app{
-      "tdistrun [OPTIONS] PROGRAM [ARGS...]: start the processes of a distributed "
-      "tdist job (torchrun's flags)",
-      "tdistrun"};
-  app.prefix_command();
-  app.footer(kFooter);
-  app.get_formatter()->column_width(34);
+namespace {
 
+// The flags whose text is checked and converted after parsing; the others go straight into
+// the LaunchConfig.
+struct RawLaunchArgs {
   std::string nnodes = "1", nproc = "1", rdzv_endpoint, rdzv_conf, redirects = "0", tee = "0";
-  std::string ranks_filter, start_method = "spawn";
-  std::string rdzv_backend;
+  std::string ranks_filter, start_method = "spawn", rdzv_backend, mpirun_args;
   double monitor_interval = 0.1, stop_timeout = 30.0;
   bool no_python = false, module = false, no_secret = false;
-  LaunchConfig c;
+  CLI::Option* master_port = nullptr;
+};
 
-  app.add_option("--nnodes", nnodes, "Number of nodes, N or MIN:MAX (elastic)")
+void add_launch_options(CLI::App& app, RawLaunchArgs& raw, LaunchConfig& c) {
+  app.add_option("--nnodes", raw.nnodes, "Number of nodes, N or MIN:MAX (elastic)")
       ->capture_default_str();
-  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+  app.add_option("--nproc-per-node,--nproc_per_node", raw.nproc,
                  "Workers per node: a number, auto (GPUs, else cores), cpu or gpu")
       ->capture_default_str();
   app.add_option("--node-rank,--node_rank", c.node_rank,
@@ -170,49 +167,48 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
   app.add_option("--master-addr,--master_addr", c.master_addr,
                  "Address of node 0 (static rendezvous)")
       ->capture_default_str();
-  auto* port_opt = app.add_option("--master-port,--master_port", c.master_port,
-                                  "Port on node 0: the store's (multi-node) or the workers' "
-                                  "MASTER_PORT (single node)")
-                       ->capture_default_str();
-  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
+  raw.master_port = app.add_option("--master-port,--master_port", c.master_port,
+                                   "Port on node 0: the store's (multi-node) or the workers' "
+                                   "MASTER_PORT (single node)")
+                        ->capture_default_str();
+  app.add_option("--rdzv-backend,--rdzv_backend", raw.rdzv_backend,
                  "static (fixed --node-rank) or c10d (ranks by join order); default: c10d "
                  "with --rdzv-endpoint, else static");
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", raw.rdzv_endpoint,
                  "host[:port] of the rendezvous store (default port 29400)");
   app.add_option("--rdzv-id,--rdzv_id", c.rdzv_id, "Job id, the same on every node")
       ->capture_default_str();
-  app.add_option("--rdzv-conf,--rdzv_conf", rdzv_conf,
+  app.add_option("--rdzv-conf,--rdzv_conf", raw.rdzv_conf,
                  "key=value,...: join_timeout, last_call_timeout, close_timeout (seconds)");
   app.add_flag("--standalone", c.standalone,
                "Single node, rendezvous on localhost with a free port");
   app.add_option("--max-restarts,--max_restarts", c.max_restarts,
                  "Restart the whole job up to this many times after a failure")
       ->capture_default_str();
-  app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
+  app.add_option("--monitor-interval,--monitor_interval", raw.monitor_interval,
                  "Seconds between checks of the other nodes")
       ->capture_default_str();
-  app.add_option("--stop-timeout,--stop_timeout", stop_timeout,
+  app.add_option("--stop-timeout,--stop_timeout", raw.stop_timeout,
                  "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str();
   app.add_option("--log-dir,--log_dir", c.log_dir,
                  "Write each rank's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/rank_N/");
-  app.add_option("-r,--redirects", redirects,
+  app.add_option("-r,--redirects", raw.redirects,
                  "Streams sent only to the log files: 0 none, 1 stdout, 2 stderr, 3 both, or "
                  "per local rank 0:1,1:2");
-  app.add_option("-t,--tee", tee, "Streams sent to both console and log files (same syntax)");
-  app.add_option("--local-ranks-filter,--local_ranks_filter", ranks_filter,
+  app.add_option("-t,--tee", raw.tee, "Streams sent to both console and log files (same syntax)");
+  app.add_option("--local-ranks-filter,--local_ranks_filter", raw.ranks_filter,
                  "Only these local ranks reach the console, e.g. 0,1");
   app.add_option("--role", c.role, "Role name of the workers (ROLE_NAME)")->capture_default_str();
   app.add_option("--local-addr,--local_addr", c.local_addr,
                  "This node's address as the others reach it (MASTER_ADDR when it is node 0)");
-  app.add_option("--start-method,--start_method", start_method,
+  app.add_option("--start-method,--start_method", raw.start_method,
                  "Accepted for torchrun compatibility (workers are always exec'd)");
-  app.add_flag("--no-python,--no_python", no_python,
+  app.add_flag("--no-python,--no_python", raw.no_python,
                "Accepted for torchrun compatibility (the program is always executed directly)");
-  app.add_flag("-m,--module", module, "Not supported: tdistrun runs executables");
-  app.add_flag("--no-store-secret", no_secret,
+  app.add_flag("-m,--module", raw.module, "Not supported: tdistrun runs executables");
+  app.add_flag("--no-store-secret", raw.no_secret,
                "Do not create TDIST_STORE_SECRET_FILE for the workers");
-  std::string mpirun_args;
   app.add_option("--launcher", c.launcher,
                  "fork: one process per worker; mpirun: start this node's workers through "
                  "one `mpirun -n NPROC` so they form one MPI world (init_process_group(\"mpi\"); "
@@ -220,9 +216,141 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
       ->capture_default_str();
   app.add_option("--mpirun", c.mpirun, "--launcher mpirun: the mpirun program to run")
       ->capture_default_str();
-  app.add_option("--mpirun-args", mpirun_args,
+  app.add_option("--mpirun-args", raw.mpirun_args,
                  "--launcher mpirun: extra mpirun arguments, space-separated (e.g. "
                  "\"--mca btl self,vader\")");
+}
+
+// The program and its arguments: what CLI11 left after tdistrun's own flags.
+void resolve_program(std::vector<std::string> rest, const RawLaunchArgs& raw, LaunchConfig& c) {
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  TDIST_CHECK_ARG(!rest.empty(),
+                  "tdistrun: no program given (usage: tdistrun [options] "
+                  "PROGRAM [ARGS...])");
+  TDIST_CHECK_ARG(rest.front().empty() || rest.front()[0] != '-',
+                  "tdistrun: unknown option '" + rest.front() + "' (see --help)");
+  TDIST_CHECK_ARG(!raw.module, "tdistrun: -m/--module is not supported; give an executable");
+  c.program = rest.front();
+  c.args.assign(rest.begin() + 1, rest.end());
+}
+
+// Nodes, workers, restarts, timings, streams and the launcher.
+void resolve_workers(const RawLaunchArgs& raw, LaunchConfig& c) {
+  c.nproc_per_node = resolve_nproc(raw.nproc);
+  if (auto colon = raw.nnodes.find(':'); colon != std::string::npos) {
+    c.min_nodes = parse_int(raw.nnodes.substr(0, colon), "--nnodes MIN");
+    c.max_nodes = parse_int(raw.nnodes.substr(colon + 1), "--nnodes MAX");
+  } else {
+    c.min_nodes = c.max_nodes = parse_int(raw.nnodes, "--nnodes");
+  }
+  TDIST_CHECK_ARG(c.min_nodes >= 1 && c.min_nodes <= c.max_nodes,
+                  "tdistrun: --nnodes needs 1 <= MIN <= MAX, got '" + raw.nnodes + "'");
+  TDIST_CHECK_ARG(c.max_restarts >= 0, "tdistrun: --max-restarts must be >= 0");
+  c.monitor_interval = std::max(std::chrono::milliseconds(1),
+                                seconds_to_ms(raw.monitor_interval, "--monitor-interval"));
+  c.stop_timeout = seconds_to_ms(raw.stop_timeout, "--stop-timeout");
+  c.master_port_given = raw.master_port->count() > 0;
+  TDIST_CHECK_ARG(c.master_port >= 0 && c.master_port < 65536,
+                  "tdistrun: --master-port out of range");
+  c.redirects = StreamSelection::parse(raw.redirects, "--redirects");
+  c.tee = StreamSelection::parse(raw.tee, "--tee");
+  if (!raw.ranks_filter.empty()) {
+    for (const auto& r : split(raw.ranks_filter, ',')) {
+      c.local_ranks_filter.insert(parse_int(r, "--local-ranks-filter"));
+    }
+  }
+  c.store_secret = !raw.no_secret;
+  TDIST_CHECK_ARG(c.launcher == "fork" || c.launcher == "mpirun",
+                  "tdistrun: --launcher must be fork or mpirun, got '" + c.launcher + "'");
+  for (const auto& a : split(raw.mpirun_args, ' ')) {
+    if (!a.empty()) c.mpirun_args.push_back(a);
+  }
+  TDIST_CHECK_ARG(c.mpirun_args.empty() || c.launcher == "mpirun",
+                  "tdistrun: --mpirun-args needs --launcher mpirun");
+}
+
+// --rdzv-conf key=value,...: the timeouts tdistrun uses; torchrun's other keys (read_timeout,
+// is_host...) are accepted and ignored.
+void apply_rdzv_conf(const std::string& rdzv_conf, LaunchConfig& c) {
+  for (const auto& item : split(rdzv_conf, ',')) {
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    TDIST_CHECK_ARG(eq != std::string::npos,
+                    "tdistrun: --rdzv-conf expects key=value pairs, got '" + item + "'");
+    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    double seconds = 0;
+    try {
+      seconds = std::stod(value);
+    } catch (const std::exception&) {
+      TDIST_THROW(InvalidArgument, "tdistrun: --rdzv-conf " + key + " must be seconds");
+    }
+    if (key == "join_timeout" || key == "timeout") {
+      c.join_timeout = seconds_to_ms(seconds, key);
+    } else if (key == "last_call_timeout") {
+      c.last_call_timeout = seconds_to_ms(seconds, key);
+    } else if (key == "close_timeout" || key == "exit_barrier_timeout") {
+      c.exit_barrier_timeout = seconds_to_ms(seconds, key);
+    }
+  }
+}
+
+// The rendezvous: standalone, static (fixed node ranks) or c10d (ranks by join order), and
+// where its store is.
+void resolve_rendezvous(const RawLaunchArgs& raw, LaunchConfig& c) {
+  std::string rdzv_endpoint = raw.rdzv_endpoint;
+  if (c.standalone) {
+    TDIST_CHECK_ARG(c.max_nodes == 1,
+                    "tdistrun: --standalone runs a single node; drop "
+                    "--nnodes " +
+                        raw.nnodes + " or --standalone");
+    if (c.rdzv_id == "none") c.rdzv_id = "standalone-" + std::to_string(getpid());
+  }
+  c.rdzv_backend =
+      raw.rdzv_backend.empty() ? (rdzv_endpoint.empty() ? "static" : "c10d") : raw.rdzv_backend;
+  TDIST_CHECK_ARG(c.rdzv_backend == "static" || c.rdzv_backend == "c10d" || c.rdzv_backend == "tcp",
+                  "tdistrun: --rdzv-backend must be static or c10d, got '" + c.rdzv_backend + "'");
+  if (c.rdzv_backend == "tcp") c.rdzv_backend = "c10d";
+  if (c.rdzv_backend == "static") {
+    if (rdzv_endpoint.empty()) {
+      c.rdzv_host = c.master_addr;
+      c.rdzv_port = c.master_port;
+    } else {
+      parse_endpoint(rdzv_endpoint, c.master_port, &c.rdzv_host, &c.rdzv_port);
+    }
+    TDIST_CHECK_ARG(c.max_nodes == 1 || !c.is_elastic(),
+                    "tdistrun: --nnodes MIN:MAX needs --rdzv-backend c10d and "
+                    "--rdzv-endpoint (static rendezvous has a fixed node count)");
+    TDIST_CHECK_ARG(c.node_rank >= 0 && c.node_rank < c.max_nodes,
+                    "tdistrun: --node-rank " + std::to_string(c.node_rank) + " is outside [0, " +
+                        std::to_string(c.max_nodes) + ")");
+  } else {
+    if (rdzv_endpoint.empty()) rdzv_endpoint = c.master_addr;
+    parse_endpoint(rdzv_endpoint, 29400, &c.rdzv_host, &c.rdzv_port);
+  }
+  TDIST_CHECK_ARG(c.launcher != "mpirun" || c.max_nodes == 1,
+                  "tdistrun: --launcher mpirun runs a single node (--nnodes 1); for several "
+                  "nodes start the job with mpirun itself (mpirun -n TOTAL --host ... "
+                  "PROGRAM: rank and world size then come from MPI)");
+  if (c.max_nodes > 1) {
+    TDIST_CHECK_ARG(c.rdzv_port > 0,
+                    "tdistrun: a multi-node job needs a fixed rendezvous "
+                    "port (not 0) that every node can reach");
+  }
+}
+
+}  // namespace
+
+ParsedArgs parse_launch_args(int argc, const char* const* argv) {
+  CLI::App app{
+      "tdistrun [OPTIONS] PROGRAM [ARGS...]: start the processes of a distributed "
+      "tdist job (torchrun's flags)",
+      "tdistrun"};
+  app.prefix_command();
+  app.footer(kFooter);
+  app.get_formatter()->column_width(34);
+  RawLaunchArgs raw;
+  LaunchConfig c;
+  add_launch_options(app, raw, c);
 
   ParsedArgs result;
   try {
@@ -235,111 +363,11 @@ ParsedArgs parse_launch_args(int argc, const char* const* argv) {
     result.message = std::string("tdistrun: ") + e.what() + "\nRun with --help for usage.\n";
     return result;
   }
-
   try {
-    auto rest = app.remaining();
-    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
-    TDIST_CHECK_ARG(!rest.empty(),
-                    "tdistrun: no program given (usage: tdistrun [options] "
-                    "PROGRAM [ARGS...])");
-    TDIST_CHECK_ARG(rest.front().empty() || rest.front()[0] != '-',
-                    "tdistrun: unknown option '" + rest.front() + "' (see --help)");
-    TDIST_CHECK_ARG(!module, "tdistrun: -m/--module is not supported; give an executable");
-    c.program = rest.front();
-    c.args.assign(rest.begin() + 1, rest.end());
-
-    c.nproc_per_node = resolve_nproc(nproc);
-    if (auto colon = nnodes.find(':'); colon != std::string::npos) {
-      c.min_nodes = parse_int(nnodes.substr(0, colon), "--nnodes MIN");
-      c.max_nodes = parse_int(nnodes.substr(colon + 1), "--nnodes MAX");
-    } else {
-      c.min_nodes = c.max_nodes = parse_int(nnodes, "--nnodes");
-    }
-    TDIST_CHECK_ARG(c.min_nodes >= 1 && c.min_nodes <= c.max_nodes,
-                    "tdistrun: --nnodes needs 1 <= MIN <= MAX, got '" + nnodes + "'");
-    TDIST_CHECK_ARG(c.max_restarts >= 0, "tdistrun: --max-restarts must be >= 0");
-    c.monitor_interval = std::max(std::chrono::milliseconds(1),
-                                  seconds_to_ms(monitor_interval, "--monitor-interval"));
-    c.stop_timeout = seconds_to_ms(stop_timeout, "--stop-timeout");
-    c.master_port_given = port_opt->count() > 0;
-    TDIST_CHECK_ARG(c.master_port >= 0 && c.master_port < 65536,
-                    "tdistrun: --master-port out of range");
-    c.redirects = StreamSelection::parse(redirects, "--redirects");
-    c.tee = StreamSelection::parse(tee, "--tee");
-    if (!ranks_filter.empty()) {
-      for (const auto& r : split(ranks_filter, ',')) {
-        c.local_ranks_filter.insert(parse_int(r, "--local-ranks-filter"));
-      }
-    }
-    c.store_secret = !no_secret;
-    TDIST_CHECK_ARG(c.launcher == "fork" || c.launcher == "mpirun",
-                    "tdistrun: --launcher must be fork or mpirun, got '" + c.launcher + "'");
-    for (const auto& a : split(mpirun_args, ' ')) {
-      if (!a.empty()) c.mpirun_args.push_back(a);
-    }
-    TDIST_CHECK_ARG(c.mpirun_args.empty() || c.launcher == "mpirun",
-                    "tdistrun: --mpirun-args needs --launcher mpirun");
-
-    for (const auto& item : split(rdzv_conf, ',')) {
-      if (item.empty()) continue;
-      auto eq = item.find('=');
-      TDIST_CHECK_ARG(eq != std::string::npos,
-                      "tdistrun: --rdzv-conf expects key=value pairs, got '" + item + "'");
-      std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-      double seconds = 0;
-      try {
-        seconds = std::stod(value);
-      } catch (const std::exception&) {
-        TDIST_THROW(InvalidArgument, "tdistrun: --rdzv-conf " + key + " must be seconds");
-      }
-      if (key == "join_timeout" || key == "timeout") {
-        c.join_timeout = seconds_to_ms(seconds, key);
-      } else if (key == "last_call_timeout") {
-        c.last_call_timeout = seconds_to_ms(seconds, key);
-      } else if (key == "close_timeout" || key == "exit_barrier_timeout") {
-        c.exit_barrier_timeout = seconds_to_ms(seconds, key);
-      }  // Other torchrun keys (read_timeout, is_host...) are accepted and ignored.
-    }
-
-    if (c.standalone) {
-      TDIST_CHECK_ARG(c.max_nodes == 1,
-                      "tdistrun: --standalone runs a single node; drop "
-                      "--nnodes " +
-                          nnodes + " or --standalone");
-      if (c.rdzv_id == "none") c.rdzv_id = "standalone-" + std::to_string(getpid());
-    }
-    c.rdzv_backend =
-        rdzv_backend.empty() ? (rdzv_endpoint.empty() ? "static" : "c10d") : rdzv_backend;
-    TDIST_CHECK_ARG(
-        c.rdzv_backend == "static" || c.rdzv_backend == "c10d" || c.rdzv_backend == "tcp",
-        "tdistrun: --rdzv-backend must be static or c10d, got '" + c.rdzv_backend + "'");
-    if (c.rdzv_backend == "tcp") c.rdzv_backend = "c10d";
-    if (c.rdzv_backend == "static") {
-      if (rdzv_endpoint.empty()) {
-        c.rdzv_host = c.master_addr;
-        c.rdzv_port = c.master_port;
-      } else {
-        parse_endpoint(rdzv_endpoint, c.master_port, &c.rdzv_host, &c.rdzv_port);
-      }
-      TDIST_CHECK_ARG(c.max_nodes == 1 || !c.is_elastic(),
-                      "tdistrun: --nnodes MIN:MAX needs --rdzv-backend c10d and "
-                      "--rdzv-endpoint (static rendezvous has a fixed node count)");
-      TDIST_CHECK_ARG(c.node_rank >= 0 && c.node_rank < c.max_nodes,
-                      "tdistrun: --node-rank " + std::to_string(c.node_rank) + " is outside [0, " +
-                          std::to_string(c.max_nodes) + ")");
-    } else {
-      if (rdzv_endpoint.empty()) rdzv_endpoint = c.master_addr;
-      parse_endpoint(rdzv_endpoint, 29400, &c.rdzv_host, &c.rdzv_port);
-    }
-    TDIST_CHECK_ARG(c.launcher != "mpirun" || c.max_nodes == 1,
-                    "tdistrun: --launcher mpirun runs a single node (--nnodes 1); for several "
-                    "nodes start the job with mpirun itself (mpirun -n TOTAL --host ... "
-                    "PROGRAM: rank and world size then come from MPI)");
-    if (c.max_nodes > 1) {
-      TDIST_CHECK_ARG(c.rdzv_port > 0,
-                      "tdistrun: a multi-node job needs a fixed rendezvous "
-                      "port (not 0) that every node can reach");
-    }
+    resolve_program(app.remaining(), raw, c);
+    resolve_workers(raw, c);
+    apply_rdzv_conf(raw.rdzv_conf, c);
+    resolve_rendezvous(raw, c);
   } catch (const std::exception& e) {
     result.exit_code = 2;
     result.message = std::string(e.what()) + "\n";

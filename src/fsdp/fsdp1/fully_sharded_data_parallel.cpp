@@ -154,6 +154,108 @@ void sync_module_states(const std::vector<at::Tensor>& tensors, const ProcessGro
   }
 }
 
+// Ignored modules (with every submodule) and parameters, validated before any collective.
+struct Ignored {
+  std::unordered_set<const torch::nn::Module*> modules;
+  std::unordered_set<const c10::TensorImpl*> params;
+  std::vector<at::Tensor> param_list;  // the same, in order, for FullyShardOptions
+};
+
+Ignored collect_ignored(const torch::nn::Module& root, const FSDPOptions& options,
+                        const std::string& at) {
+  Ignored out;
+  std::unordered_set<const c10::TensorImpl*> own_params;
+  for (const auto& p : root.parameters()) own_params.insert(p.unsafeGetTensorImpl());
+  auto ignore = [&](const at::Tensor& p) {
+    if (out.params.insert(p.unsafeGetTensorImpl()).second) out.param_list.push_back(p);
+  };
+  for (size_t i = 0; i < options.ignored_modules().size(); ++i) {
+    const auto& m = options.ignored_modules()[i];
+    TDIST_CHECK_ARG(m != nullptr, at + "ignored_modules[" + std::to_string(i) + "] is null");
+    if (m.get() == &root) {
+      TDIST_THROW(InvalidArgument, at + "the root module itself is in ignored_modules; to "
+                                        "keep everything unsharded do not wrap it");
+    }
+    for (const auto& sub : m->modules(/*include_self=*/true)) out.modules.insert(sub.get());
+    for (const auto& p : m->parameters()) ignore(p);
+  }
+  for (size_t i = 0; i < options.ignored_parameters().size(); ++i) {
+    const at::Tensor& p = options.ignored_parameters()[i];
+    if (!p.defined() || own_params.count(p.unsafeGetTensorImpl()) == 0) {
+      TDIST_THROW(InvalidArgument, at + "ignored_parameters[" + std::to_string(i) +
+                                       "] is not a parameter of the module; pass tensors "
+                                       "from module->parameters()");
+    }
+    ignore(p);
+  }
+  return out;
+}
+
+// What the FSDP1 options become on fully_shard: the root's options and its children's (they
+// differ only in whether forward inputs are cast: cast_root_forward_inputs).
+struct TranslatedOptions {
+  FullyShardOptions root;
+  FullyShardOptions children;
+};
+
+TranslatedOptions translate_options(const FSDPOptions& options,
+                                    const std::optional<mesh::DeviceMesh>& mesh,
+                                    const std::vector<at::Tensor>& ignored_params) {
+  const ShardingStrategy s = options.sharding_strategy();
+  FullyShardOptions root;
+  if (mesh) {
+    root.mesh(*mesh);
+  } else if (options.process_group()) {
+    root.process_group(options.process_group());
+  }
+  const bool reshard = s == ShardingStrategy::FULL_SHARD || s == ShardingStrategy::HYBRID_SHARD;
+  root.reshard_after_forward(reshard);
+  root.all_gather_limit(options.limit_all_gathers() ? kLimitedAllGathers : kUnlimitedAllGathers);
+  root.prefetch(true);
+  root.forward_prefetch(options.forward_prefetch());
+  root.backward_prefetch(options.backward_prefetch().has_value());
+  root.ignored_params(ignored_params);
+  if (options.cpu_offload() && options.cpu_offload()->offload_params()) {
+    root.offload_policy(CPUOffloadPolicy(/*pin_memory=*/torch::cuda::is_available()));
+  }
+  FullyShardOptions children = root;
+  if (const auto& mp = options.mixed_precision()) {
+    auto policy =
+        MixedPrecisionPolicy().param_dtype(mp->param_dtype()).reduce_dtype(mp->reduce_dtype());
+    children.mp_policy(MixedPrecisionPolicy(policy).cast_forward_inputs(mp->cast_forward_inputs()));
+    root.mp_policy(policy.cast_forward_inputs(mp->cast_root_forward_inputs()));
+  }
+  return {root, children};
+}
+
+// sync_module_states and buffer_dtype, on the parameters and buffers outside ignored modules.
+void prepare_module_states(torch::nn::Module& root, const FSDPOptions& options,
+                           const std::optional<mesh::DeviceMesh>& mesh, const Ignored& ignored,
+                           const std::string& at) {
+  std::vector<at::Tensor> states;
+  std::vector<at::Tensor> buffers;
+  for (const auto& p : root.parameters()) {
+    if (ignored.params.count(p.unsafeGetTensorImpl()) == 0) states.push_back(p);
+  }
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (ignored.modules.count(m.get()) != 0) continue;
+    for (const auto& b : m->buffers(/*recurse=*/false)) buffers.push_back(b);
+  }
+  if (options.sync_module_states()) {
+    ProcessGroupPtr group = options.process_group();
+    if (!group && mesh && mesh->ndim() == 1) group = mesh->get_group();
+    std::vector<at::Tensor> all = states;
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    sync_module_states(all, group, at);
+  }
+  if (const auto& mp = options.mixed_precision(); mp && mp->buffer_dtype()) {
+    torch::NoGradGuard no_grad;
+    for (auto& b : buffers) {
+      if (b.is_floating_point()) b.set_data(b.to(*mp->buffer_dtype()));
+    }
+  }
+}
+
 }  // namespace
 
 FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> module, FSDPOptions options)
@@ -170,92 +272,17 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> module, FS
     TDIST_THROW(InvalidArgument, at + "the module is already sharded (fully_shard or another "
                                       "FullyShardedDataParallel); wrap it once");
   }
-
-  // Ignored modules and parameters (validated before any collective).
-  std::unordered_set<const torch::nn::Module*> ignored_modules;
-  std::unordered_set<const c10::TensorImpl*> own_params;
-  for (const auto& p : module_ptr_->parameters()) own_params.insert(p.unsafeGetTensorImpl());
-  std::vector<at::Tensor> ignored_params;
-  std::unordered_set<const c10::TensorImpl*> ignored_set;
-  auto ignore = [&](const at::Tensor& p) {
-    if (ignored_set.insert(p.unsafeGetTensorImpl()).second) ignored_params.push_back(p);
-  };
-  for (size_t i = 0; i < options_.ignored_modules().size(); ++i) {
-    const auto& m = options_.ignored_modules()[i];
-    TDIST_CHECK_ARG(m != nullptr, at + "ignored_modules[" + std::to_string(i) + "] is null");
-    if (m.get() == module_ptr_.get()) {
-      TDIST_THROW(InvalidArgument, at + "the root module itself is in ignored_modules; to "
-                                        "keep everything unsharded do not wrap it");
-    }
-    for (const auto& sub : m->modules(/*include_self=*/true)) ignored_modules.insert(sub.get());
-    for (const auto& p : m->parameters()) ignore(p);
-  }
-  for (size_t i = 0; i < options_.ignored_parameters().size(); ++i) {
-    const at::Tensor& p = options_.ignored_parameters()[i];
-    if (!p.defined() || own_params.count(p.unsafeGetTensorImpl()) == 0) {
-      TDIST_THROW(InvalidArgument, at + "ignored_parameters[" + std::to_string(i) +
-                                       "] is not a parameter of the module; pass tensors "
-                                       "from module->parameters()");
-    }
-    ignore(p);
-  }
-
-  // What the strategy becomes on the core.
+  const Ignored ignored = collect_ignored(*module_ptr_, options_, at);
   mesh_ = mesh_for(options_, *module_ptr_);
-  if (mesh_) {
-    shard_options_.mesh(*mesh_);
-  } else if (options_.process_group()) {
-    shard_options_.process_group(options_.process_group());
-  }
-  const bool reshard = s == ShardingStrategy::FULL_SHARD || s == ShardingStrategy::HYBRID_SHARD;
-  shard_options_.reshard_after_forward(reshard);
-  shard_options_.all_gather_limit(options_.limit_all_gathers() ? kLimitedAllGathers
-                                                               : kUnlimitedAllGathers);
-  shard_options_.prefetch(true);
-  shard_options_.forward_prefetch(options_.forward_prefetch());
-  shard_options_.backward_prefetch(options_.backward_prefetch().has_value());
-  shard_options_.ignored_params(ignored_params);
-  if (options_.cpu_offload() && options_.cpu_offload()->offload_params()) {
-    shard_options_.offload_policy(CPUOffloadPolicy(/*pin_memory=*/torch::cuda::is_available()));
-  }
-  FullyShardOptions child_options = shard_options_;
-  if (const auto& mp = options_.mixed_precision()) {
-    auto policy =
-        MixedPrecisionPolicy().param_dtype(mp->param_dtype()).reduce_dtype(mp->reduce_dtype());
-    child_options.mp_policy(
-        MixedPrecisionPolicy(policy).cast_forward_inputs(mp->cast_forward_inputs()));
-    shard_options_.mp_policy(policy.cast_forward_inputs(mp->cast_root_forward_inputs()));
-  }
-
-  // Parameters and buffers outside ignored modules, in module order.
-  std::vector<at::Tensor> states;
-  std::vector<at::Tensor> buffers;
-  for (const auto& p : module_ptr_->parameters()) {
-    if (ignored_set.count(p.unsafeGetTensorImpl()) == 0) states.push_back(p);
-  }
-  for (const auto& m : module_ptr_->modules(/*include_self=*/true)) {
-    if (ignored_modules.count(m.get()) != 0) continue;
-    for (const auto& b : m->buffers(/*recurse=*/false)) buffers.push_back(b);
-  }
-  if (options_.sync_module_states()) {
-    ProcessGroupPtr group = options_.process_group();
-    if (!group && mesh_ && mesh_->ndim() == 1) group = mesh_->get_group();
-    std::vector<at::Tensor> all = states;
-    all.insert(all.end(), buffers.begin(), buffers.end());
-    sync_module_states(all, group, at);
-  }
-  if (const auto& mp = options_.mixed_precision(); mp && mp->buffer_dtype()) {
-    torch::NoGradGuard no_grad;
-    for (auto& b : buffers) {
-      if (b.is_floating_point()) b.set_data(b.to(*mp->buffer_dtype()));
-    }
-  }
+  const TranslatedOptions translated = translate_options(options_, mesh_, ignored.param_list);
+  shard_options_ = translated.root;
+  prepare_module_states(*module_ptr_, options_, mesh_, ignored, at);
 
   // Bottom-up: the policy's submodules, then the root (Python's _recursive_wrap with
   // only_wrap_children, then the outer wrapper).
   for (const auto& target :
-       plan_auto_wrap(module_ptr_, options_.auto_wrap_policy(), ignored_modules, ignored_set)) {
-    fully_shard(target.module, child_options);
+       plan_auto_wrap(module_ptr_, options_.auto_wrap_policy(), ignored.modules, ignored.params)) {
+    fully_shard(target.module, translated.children);
     wrapped_names_.push_back(target.name);
   }
   root_ = fully_shard(module_ptr_, shard_options_);
