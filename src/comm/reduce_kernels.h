@@ -10,7 +10,7 @@
 // other. These loops run on the calling thread only and are compiled with -O3, in AVX-512,
 // AVX2 and baseline versions on x86 (the CPU's best is picked at load time): a baseline-only
 // (SSE) loop was ~15% slower (median) than ATen's AVX-512 kernel on 256 KiB folds here, the
-// clones match it (bench/HISTORY.md, session 12). Each element is a[i] (op) b[i], bitwise
+// clones match it (bench/HISTORY.md). Each element is a[i] (op) b[i], bitwise
 // what ATen computes. Used by the Gloo engine's and the MPI backend's shared-memory
 // reductions. MIN/MAX stay in ATen, whose NaN propagation the loops would not reproduce.
 

@@ -54,7 +54,7 @@ class BoundaryNode final : public torch::autograd::Node {
 // strides and offset, sharing the tensor's version counter (so autograd's saved-tensor checks
 // still see in-place writes through it), built directly instead of with view_as, whose
 // dispatch and view tracking cost ~20 us per tensor on LibTorch 1.13 CPU (measured inside
-// FSDP's hooks, bench/HISTORY.md session 5). It is not an autograd view of the tensor: an
+// FSDP's hooks, bench/HISTORY.md). It is not an autograd view of the tensor: an
 // in-place op on it rebases its own history onto the boundary node, which is what a view made
 // under no-grad would refuse. A tensor that is itself an autograd view takes view_as too: an
 // in-place op through an alias autograd does not know as its view would bypass the

@@ -25,8 +25,8 @@ namespace {
 // symmetric memory (tdist/comm/symmetric_memory.h) when every rank of the group can have
 // them, so the same-host paths of the Gloo engine and the MPI backend read the peers'
 // shards and reduce-scatter inputs in place instead of staging them through their segments
-// (bench/HISTORY.md, session 8: those collectives are faster in isolation; on the 2-vCPU
-// test machine the FSDP step's gain is within its run-to-run noise). A collective
+// (bench/HISTORY.md: those collectives are faster in isolation; on a
+// 2-core machine the FSDP step's gain is within its run-to-run noise). A collective
 // needs the same choice on every rank (a mix raises), hence one MIN all_reduce per group at
 // fully_shard over "TDIST_FSDP_SYMMETRIC allows it, the flat shard was allocated there, and
 // /dev/shm has room for four of the group's pooled buffers". Should /dev/shm fill up later,
@@ -125,9 +125,9 @@ size_t BufferPool::idle_bytes() const {
   return idle_bytes_;
 }
 
-// On by default since session 5: with the idle cache at two blocks (kIdleBlocks) the
+// On by default: with the idle cache at two blocks (kIdleBlocks) the
 // 1.02e9-parameter GPT of bench_fsdp_1b trains under its 9.8 GiB per-rank cap with them
-// (bench/HISTORY.md, session 5). "0" keeps the general path (a fresh allocation per collective).
+// (bench/HISTORY.md). "0" keeps the general path (a fresh allocation per collective).
 bool persistent_buffers_enabled() {
   return switched_on("TDIST_FSDP_PERSISTENT_BUFFERS");
 }

@@ -320,7 +320,7 @@ void ParamGroup::reshard() {
 // Note [Prefetching before re-pointing]
 // Re-pointing a parameter writes a few fields of its TensorImpl and touches the TensorImpl it
 // takes them from: ~0.3 us per parameter with warm caches, but ~1.4 us right after the
-// module's compute has evicted them (bench/HISTORY.md, session 5), and one parameter's cache
+// module's compute has evicted them (bench/HISTORY.md), and one parameter's cache
 // misses do not overlap the next one's (the storage refcount updates are atomic). Prefetching
 // every TensorImpl of the group first lets those misses overlap.
 void ParamGroup::point_params(bool unsharded) {

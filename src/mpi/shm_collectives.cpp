@@ -30,7 +30,7 @@ using Clock = Executor::Clock;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kReducedOffset = 128;
 constexpr size_t kAnnouncementOffset = 256;
-// Note [Piece size]: 256 KiB. Measured on the 2-vCPU VM (bench/HISTORY.md, session 11):
+// Note [Piece size]: 256 KiB. Measured on 2 cores (bench/HISTORY.md):
 // a 1 MiB plain all_reduce at world 2 takes 213-226 us in four pieces vs 246-260 us in one
 // (the ranks' copy-in, fold and copy-out of consecutive pieces overlap, and a piece stays
 // in L2), 2 MiB 458-479 vs 505-546 us; single-piece and large ops and world 3 unchanged.
@@ -206,9 +206,9 @@ int64_t* ShmWindow::announcement(int r, uint64_t seq) const {
   return reinterpret_cast<int64_t*>(segments_[r] + kAnnouncementOffset + (seq & 1) * 128);
 }
 
-// Note [Plain tensors read across processes]: measured on the 2-vCPU VM (bench/HISTORY.md,
-// session 9), all_gather and reduce_scatter gain from 256 KiB, all_reduce (two reads of peer
-// memory, three hand-offs) only from 4 MiB; above 16 MiB the staged pipeline is faster.
+// Note [Plain tensors read across processes]: measured on 2 cores (bench/HISTORY.md), all_gather
+// and reduce_scatter gain from 256 KiB, all_reduce (two reads of peer memory, three hand-offs) only
+// from 4 MiB; above 16 MiB the staged pipeline is faster.
 PeerReadWindow peer_read_window(bool all_reduce) {
   static const int64_t min_bytes = env_int("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
   static const int64_t max_bytes = env_int("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);

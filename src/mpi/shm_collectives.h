@@ -62,8 +62,8 @@
 // announces its tensor's address, and a peer's read is one kernel copy from that address
 // into the reader's output (all_gather, all_reduce's last phase) or into a block of scratch
 // (the folds). No staging copy: the staged path's copy-in writes lines the peer has just
-// read, which on this 2-vCPU VM costs 5-8x a private copy in some minutes
-// (bench/HISTORY.md, session 6); a kernel read touches the peer's lines only to read them.
+// read, which on 2 shared cores costs 5-8x a private copy in some minutes
+// (bench/HISTORY.md); a kernel read touches the peer's lines only to read them.
 // Symmetric and plain tensors then mix freely in one op (each read takes what its owner
 // announced).
 //

@@ -5,7 +5,7 @@
 // CPU's model number. A CPU newer than that OpenBLAS (0.3.21 does not know Intel's model 207,
 // Emerald Rapids, the machine this project is built on) falls back to the generic "Prescott"
 // kernels: SSE3 only, a training step ~4x slower than with the AVX-512 kernels the same CPU
-// runs when OPENBLAS_CORETYPE names them (bench/HISTORY.md, session 10). The choice is made
+// runs when OPENBLAS_CORETYPE names them (bench/HISTORY.md). The choice is made
 // when the library loads, so a process cannot fix its own: tdistrun sets OPENBLAS_CORETYPE
 // for its workers when the system's OpenBLAS would fall back, and init_process_group warns a
 // process that already did.

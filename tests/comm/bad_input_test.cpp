@@ -260,7 +260,7 @@ TEST(BadInput, StaleFileIsReportedNotWaitedOn) {
   EXPECT_FALSE(is_initialized());
 }
 
-// ---- bad launches (issue 10 item 4), with real processes ---------------------------------
+// ---- bad launches, with real processes ---------------------------------
 
 TDIST_SCENARIO(comm_init_only) {
   // Generous for a loaded CI machine: process start-up alone can take seconds.

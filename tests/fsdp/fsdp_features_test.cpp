@@ -1,4 +1,4 @@
-// FSDP, complete (issue 6): mixed precision, CPU offload, HSDP, gradient accumulation
+// FSDP, complete: mixed precision, CPU offload, HSDP, gradient accumulation
 // without sync, explicit prefetch, summon_full_params, frozen and ignored parameters,
 // clip_grad_norm_ and Join, each against a single-process (unsharded) reference.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Launcher + checkpoints (issue 10, item 6): rank 1 of the GPT job SIGKILLs itself after
+// Launcher + checkpoints: rank 1 of the GPT job SIGKILLs itself after
 // step 5 (TDIST_GPT_CRASH_AT_STEP, first attempt only) under `tdistrun --max-restarts 1`.
 // The restarted job resumes from the newest checkpoint (step 4) on its own and must finish
 // exactly like an uninterrupted run, with every step logged once in metrics.jsonl.

@@ -4,7 +4,7 @@
 // blocks side by side. FSDP gathers every parameter's shard in one collective, but each
 // parameter's unsharded tensor is its rows from every rank, so a rank-major output has to be
 // copied out into the parameter-major block afterwards: every gathered byte copied twice,
-// both times through memory the module's compute just evicted (bench/RESULTS.md, session 10).
+// both times through memory the module's compute just evicted (bench/HISTORY.md).
 // Here each rank's block (this rank's own included) is handed to `place` as soon as it is
 // readable, on the thread running the collective and before the returned Work completes, so
 // the caller copies it once, straight where it belongs. On the Gloo engine with the input in

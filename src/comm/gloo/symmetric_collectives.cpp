@@ -33,7 +33,7 @@ namespace tdist::detail {
 namespace {
 
 // Fold blocks: large enough that a block's loop amortises, small enough to stay in L2 (the
-// MPI backend's direct reductions use the same; bench/HISTORY.md, session 9).
+// MPI backend's direct reductions use the same; bench/HISTORY.md).
 constexpr size_t kFoldBlockBytes = size_t(256) << 10;
 
 // Every rank's tensor (this rank's own at index rank), `bytes` long, from the headers.
