@@ -65,7 +65,8 @@ using ModuleInitFn = std::function<void(const std::string& name, torch::nn::Modu
 
 /// reset_parameters() of LibTorch's built-in layers: Linear, Bilinear, Embedding,
 /// EmbeddingBag, LayerNorm, GroupNorm, Conv1-3d, ConvTranspose1-3d, BatchNorm1-3d,
-/// InstanceNorm1-3d (running statistics reset too), RNN, LSTM, GRU and their cells. Throws
+/// InstanceNorm1-3d (running statistics reset too), RNN, LSTM, GRU and their cells,
+/// MultiheadAttention. Throws
 /// InvalidArgument for any other module type holding parameters or buffers, naming it: give
 /// materialize an init_fn.
 void reset_builtin_parameters(const std::string& name, torch::nn::Module& module);
