@@ -115,9 +115,13 @@ std::string qualified(const std::string& module, const std::string& tensor) {
   return module.empty() ? tensor : module + "." + tensor;
 }
 
+bool can_hold_nan(const at::Tensor& t) {
+  return at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
+}
+
 // What init_fn starts from: NaN in floating tensors (so one it leaves shows), 0 elsewhere.
 void poison(const at::Tensor& t) {
-  if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())) {
+  if (can_hold_nan(t)) {
     t.fill_(std::numeric_limits<double>::quiet_NaN());
   } else {
     t.zero_();
@@ -140,8 +144,7 @@ bool holds_nan(const at::Tensor& t) {
 void check_initialised(const std::string& module_name, const torch::nn::Module& module,
                        const std::vector<DirectTensor>& tensors) {
   for (const auto& [name, t] : tensors) {
-    if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) continue;
-    if (holds_nan(t)) {
+    if (can_hold_nan(t) && holds_nan(t)) {
       TDIST_THROW(InvalidArgument,
                   "deferred init: '" + qualified(module_name, name) + "' of module '" +
                       module_name + "' (" + module.name() +

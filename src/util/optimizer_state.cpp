@@ -74,17 +74,13 @@ void adam_like(torch::optim::Optimizer& opt, const at::Tensor& p, FieldCollector
       [](State& s, const at::Tensor& t) { s.max_exp_avg_sq(t); });
 }
 
-const std::set<std::string>& known_field_names() {
+}  // namespace
+
+const std::set<std::string>& optimizer_state_field_names() {
   static const std::set<std::string> fields{"step",           "exp_avg",         "exp_avg_sq",
                                             "max_exp_avg_sq", "momentum_buffer", "sum",
                                             "square_avg",     "grad_avg"};
   return fields;
-}
-
-}  // namespace
-
-const std::set<std::string>& optimizer_state_field_names() {
-  return known_field_names();
 }
 
 std::vector<OptimizerStateField> optimizer_state_fields(torch::optim::Optimizer& optimizer,

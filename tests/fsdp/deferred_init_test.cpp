@@ -56,7 +56,8 @@ at::Tensor cpu_generator_state() {
 
 // Every full parameter of `model` (gathered) equals, bit for bit, the same-named one of
 // `expected` (whole).
-void expect_full_params_equal(TinyTransformer& model, TinyTransformer& expected) {
+template <class Holder>
+void expect_full_params_equal(Holder& model, Holder& expected) {
   const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
   const auto want = expected->named_parameters();
   EXPECT_EQ(full.size(), want.size());
@@ -119,11 +120,7 @@ TDIST_SCENARIO(deferred_init_tiny) {
 }
 
 TEST(DeferredInit, SameFullParametersAtEveryWorldSizeAndTrainsLikeTheOrdinaryPath) {
-  for (int world : {1, 2, 3, 4}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("deferred_init_tiny", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("deferred_init_tiny", {1, 2, 3, 4});
 }
 
 // A model with buffers: BatchNorm's running statistics (LibTorch's reset) and one of its
@@ -162,10 +159,7 @@ TDIST_SCENARIO(deferred_init_buffers) {
   }
   fully_shard(model);
   materialize(model, options);
-  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
-  for (const auto& item : whole->named_parameters()) {
-    EXPECT_TRUE(torch::equal(full.at(item.key()).local, item.value())) << item.key();
-  }
+  expect_full_params_equal(model, whole);
   for (const auto& item : whole->named_buffers()) {
     const at::Tensor mine = model->named_buffers()[item.key()];
     EXPECT_EQ(mine.sizes(), item.value().sizes()) << item.key() << " is whole";
@@ -181,11 +175,7 @@ TDIST_SCENARIO(deferred_init_buffers) {
 }
 
 TEST(DeferredInit, BuffersAreMaterialisedWholeAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("deferred_init_buffers", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("deferred_init_buffers", {2, 3});
 }
 
 TDIST_SCENARIO(deferred_init_errors) {

@@ -609,11 +609,7 @@ TDIST_SCENARIO(fsdp_module_called_twice) {
 }
 
 TEST(FSDPModuleCalledTwice, ASharedBlockCalledThreeTimesTrainsLikeOneProcessAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("fsdp_module_called_twice", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_module_called_twice", {2, 3});
 }
 
 // ---- fully_shard over several modules at once ------------------------------------------
@@ -670,11 +666,7 @@ TDIST_SCENARIO(fsdp_grouped_modules) {
 }
 
 TEST(FSDPGroupedModules, TwoSiblingsShareOneGroupAndTrainLikeOneProcessAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("fsdp_grouped_modules", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_grouped_modules", {2, 3});
 }
 
 TEST(FSDPAbandonedStep, APendingPlacedAllGatherOutlivesItsGroupSafely) {

@@ -104,10 +104,7 @@ TDIST_SCENARIO(fsdp_memory) {
 }
 
 TEST(FSDPMemory, UnshardedFreedAndStateIsOneOverN) {
-  for (int world : {2, 3, 4}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("fsdp_memory", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_memory", {2, 3, 4});
 }
 
 // FSDP2's runtime controls, each tested by what it changes: set_reshard_after_forward(false)
@@ -211,19 +208,11 @@ TDIST_SCENARIO(fsdp_forward_method) {
 }
 
 TEST(FSDPRuntimeControls, ForwardMethodUnshardsAndReducesAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("fsdp_forward_method", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_forward_method", {2, 3});
 }
 
 TEST(FSDPRuntimeControls, ReshardAfterForwardAndGradientDivideFactorAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("fsdp_runtime_controls", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_runtime_controls", {2, 3});
 }
 
 // set_reshard_after_backward(false) over gradient accumulation (Note [Unsharded after
@@ -294,11 +283,7 @@ TDIST_SCENARIO(fsdp_reshard_after_backward) {
 }
 
 TEST(FSDPRuntimeControls, ReshardAfterBackwardFalseSavesForwardAllGathersAtWorlds2And3) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    tdist::testing::expect_all_ok(
-        tdist::testing::run_ranks_as_processes("fsdp_reshard_after_backward", world));
-  }
+  tdist::testing::expect_all_ok_at_worlds("fsdp_reshard_after_backward", {2, 3});
 }
 
 // Two microbatches of gradient accumulation with the controls FSDP2 has for them:

@@ -257,4 +257,12 @@ void expect_all_ok(const std::vector<RankResult>& results) {
   }
 }
 
+void expect_all_ok_at_worlds(const std::string& scenario, std::initializer_list<int> worlds,
+                             const ProcessOptions& options) {
+  for (int world : worlds) {
+    SCOPED_TRACE(::testing::Message() << "world " << world);
+    expect_all_ok(run_ranks_as_processes(scenario, world, options));
+  }
+}
+
 }  // namespace tdist::testing

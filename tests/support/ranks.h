@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -65,6 +66,11 @@ std::vector<RankResult> run_ranks_as_processes(const std::string& scenario, int 
 
 /// EXPECTs every rank succeeded; on failure prints each failing rank's output.
 void expect_all_ok(const std::vector<RankResult>& results);
+
+/// Runs `scenario` at each world size in turn and EXPECTs every rank of each run succeeded
+/// (failures are traced with their world size).
+void expect_all_ok_at_worlds(const std::string& scenario, std::initializer_list<int> worlds,
+                             const ProcessOptions& options = {});
 
 /// A free TCP port on 127.0.0.1 (bound then released; a race is possible but rare).
 int free_port();
