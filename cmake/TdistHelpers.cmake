@@ -11,13 +11,31 @@ function(tdist_use_pch target)
   endif()
 endfunction()
 
-# tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>])
+# tdist_area_include_dir(<area> <out_var>)
+# Note [Areas see only their own sources]: an area's private include directory holds one
+# entry, a link named <area> to src/<area>, so `#include "<area>/x.h"` works inside the area
+# and `#include "<other>/x.h"` fails to compile everywhere else. What areas share lives under
+# include/tdist/ (building blocks for engines in include/tdist/comm/engine/).
+function(tdist_area_include_dir area out_var)
+  set(_dir ${CMAKE_BINARY_DIR}/area_include/${area})
+  if(NOT EXISTS ${_dir}/${area})
+    file(MAKE_DIRECTORY ${_dir})
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${area} ${_dir}/${area} SYMBOLIC)
+  endif()
+  set(${out_var} ${_dir} PARENT_SCOPE)
+endfunction()
+
+# tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>]
+#                [REGISTERS <symbol>])
 # Builds src/<area>/*.cpp, but those matching EXCLUDE, into the static library tdist_<area>.
 # An area without sources is skipped; one that depends on an area not built is a configure
-# error, naming both. NO_TORCH: the area's own sources never include LibTorch (no
-# precompiled header, no direct tdist_torch link).
+# error, naming both. The area's sources see the public headers and their own src/<area>/
+# only (Note [Areas see only their own sources]). NO_TORCH: the area's own sources never
+# include LibTorch (no precompiled header, no direct tdist_torch link). REGISTERS: an engine
+# that registers itself from a static initialiser; whatever links the area links that
+# initialiser too (Note [Backend registration anchor], src/mpi/registration.cpp).
 function(tdist_add_area)
-  cmake_parse_arguments(ARG "NO_TORCH" "NAME;EXCLUDE" "DEPS;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_TORCH" "NAME;EXCLUDE;REGISTERS" "DEPS;LIBS" ${ARGN})
   file(GLOB_RECURSE _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${ARG_NAME}/*.cpp)
   if(ARG_EXCLUDE)
     list(FILTER _sources EXCLUDE REGEX "${ARG_EXCLUDE}")
@@ -28,10 +46,11 @@ function(tdist_add_area)
   set(_target tdist_${ARG_NAME})
   add_library(${_target} STATIC ${_sources})
   add_library(tdist::${ARG_NAME} ALIAS ${_target})
+  tdist_area_include_dir(${ARG_NAME} _private_include)
   target_include_directories(${_target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:include>
-    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    PRIVATE ${_private_include})
   foreach(_dep ${ARG_DEPS})
     if(NOT TARGET tdist_${_dep})
       message(FATAL_ERROR "area ${ARG_NAME} depends on ${_dep}, which is not built (no "
@@ -45,13 +64,17 @@ function(tdist_add_area)
     target_link_libraries(${_target} PUBLIC tdist_torch Threads::Threads ${ARG_LIBS})
     tdist_use_pch(${_target})
   endif()
+  if(ARG_REGISTERS)
+    target_link_options(${_target} INTERFACE "LINKER:--undefined=${ARG_REGISTERS}")
+  endif()
   set_property(GLOBAL APPEND PROPERTY TDIST_AREA_TARGETS ${_target})
 endfunction()
 
 # tdist_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABELS <labels...>]
 #                [TIMEOUT <seconds>] [ENV <k=v...>])
 # LIBS defaults to tdist (every area); name only the areas a test needs (e.g. tdist_comm),
-# so that work in progress in another area never breaks this test's build.
+# so that work in progress in another area never breaks this test's build. Every test links
+# the default CPU engine (tdist_gloo); one that needs mpi or nccl names it.
 # One GoogleTest executable, registered with CTest as one test (its cases run in-process;
 # multi-process cases re-execute the binary, see tests/support/ranks.h).
 function(tdist_add_test name)
@@ -60,7 +83,7 @@ function(tdist_add_test name)
     set(ARG_LIBS tdist)
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE tdist_test_support ${ARG_LIBS})
+  target_link_libraries(${name} PRIVATE tdist_test_support ${ARG_LIBS} tdist_gloo)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   tdist_use_pch(${name})
   if(NOT ARG_TIMEOUT)

@@ -50,8 +50,8 @@
 #include <string>
 #include <vector>
 
-#include "tdist/comm/gloo_backend.h"
 #include "tdist/comm/symmetric_memory.h"
+#include "tdist/gloo/gloo_backend.h"
 #ifdef TDIST_HAVE_MPI
 #include "tdist/mpi/mpi_backend.h"
 #endif

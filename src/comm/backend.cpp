@@ -7,12 +7,6 @@
 
 #include "tdist/error.h"
 
-// The Gloo engine lives in src/comm/gloo/; register it when it is part of this build.
-#if __has_include("tdist/comm/gloo_backend.h")
-#include "tdist/comm/gloo_backend.h"
-#define TDIST_HAVE_GLOO_ENGINE 1
-#endif
-
 namespace tdist {
 
 const char* const Backend::UNDEFINED = "undefined";
@@ -33,18 +27,9 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, Entry> entries;
   std::map<std::string, std::string> device_defaults{{"cpu", "gloo"}, {"cuda", "nccl"}};
+  // Engines register themselves (src/gloo/registration.cpp, src/mpi/registration.cpp, ...):
+  // this layer knows backends by name only.
   std::map<std::string, LaunchBootstrap> bootstraps;
-
-  Registry() {
-#ifdef TDIST_HAVE_GLOO_ENGINE
-    entries["gloo"] = Entry{[](const StorePtr& store, int rank, int size,
-                               std::chrono::milliseconds timeout) -> CollectiveBackendPtr {
-                              return make_gloo_backend(store, rank, size, timeout);
-                            },
-                            // CUDA tensors through pinned host memory (host_staged_backend.h).
-                            {"cpu", "cuda"}};
-#endif
-  }
 };
 
 Registry& registry() {

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "op_codes.h"
+#include "tdist/comm/engine/op_codes.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {

@@ -11,12 +11,13 @@
 #include <set>
 #include <thread>
 
+#include "comm/comm_environment.h"
 #include "comm/host_staged_backend.h"
 #include "rendezvous.h"
 #include "state.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
-#include "util/openblas_core.h"
+#include "tdist/util/openblas_core.h"
 
 namespace tdist {
 
@@ -30,18 +31,6 @@ std::unique_ptr<WorldState>& state_slot() {
 int& init_generation() {
   static int generation = 0;
   return generation;
-}
-
-bool debug_detail_from_env() {
-  const char* v = std::getenv("TDIST_DEBUG");
-  if (v == nullptr) v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
-  if (v == nullptr) return false;
-  std::string s(v);
-  std::transform(s.begin(), s.end(), s.begin(), ::toupper);
-  if (s == "DETAIL") return true;
-  if (s == "OFF" || s == "INFO" || s.empty()) return false;
-  TDIST_THROW(InvalidArgument,
-              "TDIST_DEBUG='" + std::string(v) + "' is not a debug level; use OFF, INFO or DETAIL");
 }
 
 std::chrono::milliseconds default_timeout(const std::map<std::string, std::string>& spec) {
@@ -194,7 +183,7 @@ void init_process_group(const InitProcessGroupOptions& options) {
                   "init_process_group: timeout must not be negative (got " +
                       std::to_string(options.timeout().count()) + " ms)");
   auto timeout = options.timeout().count() > 0 ? options.timeout() : detail::default_timeout(spec);
-  bool debug = detail::debug_detail_from_env();
+  bool debug = detail::reload_comm_environment().debug_detail;
 
   auto state = std::make_unique<WorldState>();
   int rank = options.rank();

@@ -13,31 +13,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/comm_environment.h"
 #include "comm/flight_recorder_hooks.h"
 
 namespace tdist {
 
 namespace {
 
-constexpr size_t kDefaultCapacity = 256;
-
 int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-size_t capacity_from_env() {
-  const char* value = std::getenv("TDIST_FLIGHT_RECORDER_SIZE");
-  if (value == nullptr || *value == '\0') return kDefaultCapacity;
-  char* end = nullptr;
-  long long n = std::strtoll(value, &end, 10);
-  if (end == value || *end != '\0' || n < 0) {
-    std::cerr << "tdist: TDIST_FLIGHT_RECORDER_SIZE='" << value
-              << "' is not a count >= 0; keeping the last " << kDefaultCapacity << " collectives\n";
-    return kDefaultCapacity;
-  }
-  return static_cast<size_t>(n);
 }
 
 /// The process-wide ring of records.
@@ -118,7 +104,7 @@ class Recorder {
   }
 
  private:
-  Recorder() : capacity_(capacity_from_env()) {}
+  Recorder() : capacity_(detail::comm_environment().flight_recorder_size) {}
 
   mutable std::mutex mutex_;
   size_t capacity_;
@@ -207,8 +193,8 @@ namespace {
 /// stderr: the dump is long JSON, and the last lines a rank prints should be its report.
 std::filesystem::path dump_path() {
   const std::string rank = std::to_string(rank_for_file_name());
-  const char* dir = std::getenv("TDIST_FLIGHT_RECORDER_DIR");
-  if (dir != nullptr && *dir != '\0')
+  const std::string dir = detail::comm_environment().flight_recorder_dir;
+  if (!dir.empty())
     return std::filesystem::path(dir) / ("tdist_flight_recorder_rank" + rank + ".json");
   std::error_code ec;
   std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);

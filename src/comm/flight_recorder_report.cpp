@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/comm_environment.h"
 #include "comm/flight_recorder_hooks.h"
 #include "tdist/error.h"
 
@@ -82,13 +83,7 @@ std::string message_of(const std::exception_ptr& error) {
 }
 
 std::chrono::milliseconds report_wait(const GroupRef& pg) {
-  long long ms = 2000;
-  if (const char* env = std::getenv("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS")) {
-    char* end = nullptr;
-    long long v = std::strtoll(env, &end, 10);
-    if (end != env && *end == '\0' && v >= 0) ms = v;
-  }
-  return std::min(std::chrono::milliseconds(ms), pg.timeout());
+  return std::min(comm_environment().report_wait, pg.timeout());
 }
 
 /// One failure per group and store: the first thread that sees it publishes, reports and

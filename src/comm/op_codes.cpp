@@ -1,4 +1,4 @@
-#include "op_codes.h"
+#include "tdist/comm/engine/op_codes.h"
 
 #include <array>
 

@@ -1,4 +1,4 @@
-#include "comm/reduce_kernels.h"
+#include "tdist/comm/engine/reduce_kernels.h"
 
 #include <cstdint>
 #include <functional>

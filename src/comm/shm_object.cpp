@@ -1,4 +1,4 @@
-#include "comm/shm_object.h"
+#include "tdist/comm/engine/shm_object.h"
 
 #include <dirent.h>
 #include <fcntl.h>

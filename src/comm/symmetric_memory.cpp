@@ -13,8 +13,8 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/shm_object.h"
-#include "comm/symmetric_registry.h"
+#include "tdist/comm/engine/shm_object.h"
+#include "tdist/comm/engine/symmetric_registry.h"
 #include "tdist/error.h"
 
 namespace tdist {
@@ -139,7 +139,7 @@ at::DataPtr allocate_symmetric(size_t bytes) {
   char* ptr = create_shm_object(symmetric_name(id), len, error);
   if (!ptr) {
     TDIST_THROW(DistBackendError,
-                "symmetric_memory::empty(" + std::to_string(bytes) + " bytes): " + error);
+                "symmetric memory (" + std::to_string(bytes) + " bytes): " + error);
   }
   {
     std::lock_guard<std::mutex> lock(registry_mutex);
@@ -151,6 +151,10 @@ at::DataPtr allocate_symmetric(size_t bytes) {
 }  // namespace detail
 
 namespace symmetric_memory {
+
+at::DataPtr allocate(size_t bytes) {
+  return detail::allocate_symmetric(bytes);
+}
 
 bool is_available() {
   const char* env = std::getenv("TDIST_GLOO_SHM");

@@ -85,7 +85,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       outputs = state->run(detached);
     }
     TDIST_CHECK_ARG(outputs.size() == grad_outputs.size(),
-                    "tdist::fsdp::checkpoint: the recompute returned " +
+                    "tdist::fsdp::checkpointed_forward: the recompute returned " +
                         std::to_string(outputs.size()) + " tensors, the forward " +
                         std::to_string(grad_outputs.size()) +
                         "; the block's forward must be deterministic in structure");

@@ -10,7 +10,6 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/symmetric_registry.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
@@ -38,7 +37,7 @@ PooledBlock allocate_block(size_t nbytes, c10::Device device, bool symmetric) {
   block.capacity = nbytes;
   if (symmetric && device.is_cpu()) {
     try {
-      block.data = ::tdist::detail::allocate_symmetric(nbytes);
+      block.data = symmetric_memory::allocate(nbytes);
       block.symmetric = true;
       return block;
     } catch (const DistBackendError& e) {
@@ -54,15 +53,6 @@ PooledBlock allocate_block(size_t nbytes, c10::Device device, bool symmetric) {
   return block;
 }
 
-// An on/off environment switch that is on when unset: "1" on, "0" off, anything else raises.
-bool switched_on(const char* name) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
-  TDIST_THROW(InvalidArgument,
-              std::string(name) + "='" + env + "': expected 0 (off) or 1 (on, the default)");
-}
-
 size_t shm_free_bytes() {
   struct statvfs fs {};
   if (::statvfs("/dev/shm", &fs) != 0) return 0;
@@ -70,10 +60,6 @@ size_t shm_free_bytes() {
 }
 
 }  // namespace
-
-bool symmetric_blocks_enabled() {
-  return switched_on("TDIST_FSDP_SYMMETRIC") && symmetric_memory::is_available();
-}
 
 PooledBlock BufferPool::acquire(size_t nbytes, c10::Device device, bool symmetric) {
   {
@@ -125,21 +111,10 @@ size_t BufferPool::idle_bytes() const {
   return idle_bytes_;
 }
 
-// On by default: with the idle cache at two blocks (kIdleBlocks) the
-// 1.02e9-parameter GPT of bench_fsdp_1b trains under its 9.8 GiB per-rank cap with them
-// (bench/HISTORY.md). "0" keeps the general path (a fresh allocation per collective).
-bool persistent_buffers_enabled() {
-  return switched_on("TDIST_FSDP_PERSISTENT_BUFFERS");
-}
-
-bool placed_all_gather_enabled() {
-  return switched_on("TDIST_FSDP_PLACED_ALL_GATHER");
-}
-
 FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
-                              const ProcessGroupPtr& group) {
+                              const ProcessGroupPtr& group, bool symmetric_allowed) {
   FlatShard shard;
-  if (options.device().is_cpu() && symmetric_blocks_enabled()) {
+  if (options.device().is_cpu() && symmetric_allowed) {
     try {
       shard.tensor = symmetric_memory::empty({numel}, options);
       shard.symmetric = shm_free_bytes() >= 4 * pooled_bytes;

@@ -63,19 +63,6 @@ class BufferPool {
 /// The process-wide pool.
 BufferPool& buffer_pool();
 
-/// Whether groups that can use Note [Persistent buffers] do (collectives.h):
-/// TDIST_FSDP_PERSISTENT_BUFFERS, "1" (default) or "0"; any other value raises.
-bool persistent_buffers_enabled();
-
-/// Whether groups whose backend can gather straight into the unsharded block do (Note
-/// [Placed all-gather], tdist/comm/placed_all_gather.h): TDIST_FSDP_PLACED_ALL_GATHER, "1"
-/// (default) or "0"; any other value raises. Must be the same on every rank.
-bool placed_all_gather_enabled();
-/// Whether this rank may put FSDP's buffers in symmetric memory (Note [Pooled blocks in
-/// symmetric memory]): TDIST_FSDP_SYMMETRIC, "1" (default, where symmetric memory is
-/// available) or "0"; any other value raises.
-bool symmetric_blocks_enabled();
-
 /// A group's flat shard (Note [Persistent buffers]) and whether the group's pooled buffers
 /// are symmetric.
 struct FlatShard {
@@ -84,10 +71,11 @@ struct FlatShard {
 };
 
 /// Allocates a group's flat shard of `numel` elements, in symmetric memory when every rank
-/// of `group` can hold it and `pooled_bytes` per pooled buffer there (one MIN all_reduce over
-/// `group`: every rank must call it, in the same order, as fully_shard is).
+/// of `group` is allowed to (`symmetric_allowed`: FSDPEnvironment::symmetric_buffers) and can
+/// hold it and `pooled_bytes` per pooled buffer there (one MIN all_reduce over `group`: every
+/// rank must call it, in the same order, as fully_shard is).
 FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
-                              const ProcessGroupPtr& group);
+                              const ProcessGroupPtr& group, bool symmetric_allowed);
 
 /// A 1-D tensor whose StorageImpl (and so every tensor made from it) lives across steps while
 /// its bytes come from the pool only between acquire() and release().

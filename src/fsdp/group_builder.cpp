@@ -1,6 +1,7 @@
 #include "fsdp/group_builder.h"
 
 #include "fsdp/buffer_pool.h"
+#include "fsdp/environment.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/shard_layout.h"
 
@@ -9,6 +10,7 @@ namespace tdist::fsdp::detail {
 GroupBuilder::GroupBuilder(GroupPlan plan, c10::Device device)
     : plan_(std::move(plan)),
       device_(device),
+      environment_(FSDPEnvironment::from_env()),
       world_(plan_.group->size()),
       rank_(plan_.group->rank()),
       params_(plan_.params.size()) {
@@ -28,16 +30,17 @@ void GroupBuilder::allocate_flat_shard_if_eligible() {
               !plan_.policy.compute_device &&
               (!plan_.policy.param_dtype || *plan_.policy.param_dtype == dtype) &&
               (!plan_.config.reduce_dtype || *plan_.config.reduce_dtype == dtype) &&
-              persistent_buffers_enabled();
+              environment_.persistent_buffers;
   for (const auto& [name, tensor] : plan_.params) {
     flat = flat && tensor.scalar_type() == dtype && (tensor.is_cpu() || tensor.is_meta());
   }
   if (!flat) return;
   const size_t pooled_bytes = static_cast<size_t>(world_ * total_) * c10::elementSize(dtype);
-  FlatShard shard =
-      allocate_flat_shard(total_, pooled_bytes, at::TensorOptions().dtype(dtype), plan_.group);
+  FlatShard shard = allocate_flat_shard(total_, pooled_bytes, at::TensorOptions().dtype(dtype),
+                                        plan_.group, environment_.symmetric_buffers);
   plan_.config.flat_shard = shard.tensor;
   plan_.config.symmetric_buffers = shard.symmetric;
+  plan_.config.placed_all_gather = environment_.placed_all_gather;
 }
 
 void GroupBuilder::shard(size_t i) {

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "fsdp/environment.h"
 #include "fsdp/param_group.h"
 #include "fsdp/sharded_param.h"
 #include "tdist/comm/process_group.h"
@@ -47,6 +48,7 @@ class GroupBuilder {
 
   GroupPlan plan_;
   c10::Device device_;
+  FSDPEnvironment environment_;  // read once per fully_shard / materialize call
   int world_;
   int rank_;
   std::vector<int64_t> offsets_;  // each parameter's padded shard in the flat shard

@@ -62,12 +62,6 @@ std::vector<ShardedParam*> raw_pointers(const std::vector<std::unique_ptr<Sharde
   return raw;
 }
 
-// A plain contiguous tensor of `sizes` over `base`'s storage, `offset` elements in
-// (util::alias_storage: optimizers may detach_() it).
-at::Tensor raw_alias(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& sizes) {
-  return util::contiguous_alias(base, sizes, base.storage_offset() + offset);
-}
-
 void wait_work(const WorkPtr& work, const ProcessGroupPtr& group, FSDPStats& stats) {
   CommTimer timer(stats.wait_ns);
   std::chrono::milliseconds timeout = group->timeout();
@@ -109,99 +103,27 @@ const char* to_string(TrainingState state) {
 
 ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedParam>> params,
                        ProcessGroupPtr group, GroupConfig config)
-    : label_(std::move(label)),
-      params_(std::move(params)),
+    : params_(std::move(params)),
       raw_(raw_pointers(params_)),
       layout_(std::make_shared<const FlatLayout>(FlatLayout::of(raw_))),
       flat_(*layout_),
       group_(std::move(group)),
       config_(std::move(config)) {
-  set_label(label_);
-  init_persistent_buffers();
+  set_label(std::move(label));
+  buffers_ = make_group_buffers({raw_, layout_, group_, labels_, stats_}, config_);
 }
 
-// Note [Abandoned placed all-gather]
-// The unsharded block is held while an all-gather is pending only when that all-gather is
-// placed (training abandoned mid-step, e.g. an exception out of a module's forward while the
-// next module's all-gather was prefetched): it writes into the block from the collective's
-// thread, so give it a moment, and if it has not finished, leak the block rather than free
-// memory that thread may still write. The placer shares the layout it reads, so nothing else
-// of this group is touched after it is gone.
-ParamGroup::~ParamGroup() {
-  if (unsharded_block_ && all_gather_.work) {
-    try {
-      all_gather_.work->wait(std::chrono::seconds(5));
-    } catch (...) {
-      // Failed collectives write nothing more; a timeout is checked below.
-    }
-    if (!all_gather_.work->is_completed()) {
-      std::cerr << "tdist FSDP warning: module '" << label_
-                << "' was destroyed while its all-gather was still in flight (a step abandoned "
-                   "midway, with a peer not yet there); leaking its "
-                << unsharded_block_.capacity
-                << "-byte unsharded block, which that collective may still write\n";
-      new PooledBlock(std::move(unsharded_block_));
-    }
-  }
-  // Views autograd saved may outlive the group: they must see 0 bytes, not freed memory.
-  if (unsharded_block_) util::free_storage(unsharded_flat_);
-}
+ParamGroup::~ParamGroup() = default;
 
 void ParamGroup::set_label(std::string label) {
-  label_ = std::move(label);
-  all_gather_label_ = label_ + " all_gather";
-  reduce_label_ = label_ + " reduce_scatter";
-}
-
-// Note [Persistent buffers] (collectives.h): fully_shard decides which groups take this path
-// (plain CPU groups computed and reduced in the parameters' own dtype, unless
-// TDIST_FSDP_PERSISTENT_BUFFERS=0) and builds their flat shard in place; a group without one
-// takes the general path.
-void ParamGroup::init_persistent_buffers() {
-  if (!config_.flat_shard.defined()) return;
-  if (config_.flat_shard.numel() != flat_.total) {
-    TDIST_THROW(Error, "FSDP internal: module '" + label_ + "': flat shard of " +
-                           std::to_string(config_.flat_shard.numel()) + " elements for " +
-                           std::to_string(flat_.total) + " padded shard elements");
-  }
-  const at::TensorOptions& options = raw_.front()->shard_options();
-  const int world = raw_.front()->layout().world;
-  element_size_ = options.dtype().itemsize();
-  flat_shard_ = config_.flat_shard;
-  config_.flat_shard = at::Tensor();
-  // Note [One unsharded storage per group]: every param's unsharded tensor is an alias of one
-  // StorageImpl, so unshard and reshard each touch one storage, not one per param (cold in
-  // cache right after the module's compute).
-  unsharded_flat_ = util::unallocated({world * flat_.total}, raw_.front()->unsharded_options());
-  for (size_t i = 0; i < raw_.size(); ++i) {
-    raw_[i]->share_unsharded_storage(unsharded_flat_, world * flat_.offsets[i]);
-  }
-  // Note [Pooled blocks in symmetric memory] (buffer_pool.cpp).
-  const bool symmetric = config_.symmetric_buffers;
-  all_gather_out_.init(world * flat_.total, options, symmetric);
-  reduce_in_.init(world * flat_.total, options, symmetric);
-  reduce_tmp_.init(flat_.total, options, symmetric);
-  for (size_t i = 0; i < raw_.size(); ++i) {
-    tmp_slices_.push_back(
-        raw_alias(reduce_tmp_.tensor(), flat_.offsets[i], raw_[i]->layout().local_shape()));
-  }
-  // Note [Placed all-gather]: where the backend can, the all-gather writes every rank's
-  // block straight into the unsharded block (no rank-major buffer, no copy-out).
-  placed_all_gather_ = placed_all_gather_enabled() && can_all_gather_placed(flat_shard_, group_);
-  fast_ = true;
-}
-
-void ParamGroup::init_grad_buffer() {
-  grad_flat_ = at::zeros({flat_.total}, raw_.front()->shard_options());
-  for (size_t i = 0; i < raw_.size(); ++i) {
-    raw_[i]->set_grad_alias(
-        raw_alias(grad_flat_, flat_.offsets[i], raw_[i]->layout().local_shape()));
-  }
+  labels_.module = std::move(label);
+  labels_.all_gather = labels_.module + " all_gather";
+  labels_.reduce_scatter = labels_.module + " reduce_scatter";
 }
 
 void ParamGroup::check(bool condition, const char* verb, const char* expected) const {
   if (condition) return;
-  TDIST_THROW(Error, std::string("FSDP: ") + verb + " of module '" + label_ + "' on rank " +
+  TDIST_THROW(Error, std::string("FSDP: ") + verb + " of module '" + label() + "' on rank " +
                          std::to_string(group_->rank()) + " in shard state " +
                          to_string(shard_state_) + ", training state " +
                          to_string(training_state_) + "; expected " + expected +
@@ -224,36 +146,9 @@ void ParamGroup::unshard(bool async_op) {
                        : CommEvent::Kind::kAllGather,
                    this});
   }
-  if (fast_) {
-    TraceScope trace("FSDP::all_gather", label_);
-    const bool slab = shard_state_ == ShardState::kShardedPostForward;
-    all_gather_.input = slab ? post_forward_slab_.view({-1}) : flat_shard_;
-    if (!slab && placed_all_gather_) {
-      {
-        CopyTimer copy(stats_);
-        unsharded_block_ = buffer_pool().acquire(unsharded_block_bytes(), flat_shard_.device(),
-                                                 config_.symmetric_buffers);
-      }
-      all_gather_.work =
-          issue_all_gather_placed(static_cast<char*>(unsharded_block_.data.get()),
-                                  all_gather_.input, layout_, group_, all_gather_label_, stats_);
-    } else {
-      {
-        CopyTimer copy(stats_);
-        all_gather_out_.acquire();
-      }
-      all_gather_.work =
-          issue_all_gather(all_gather_out_.tensor(), all_gather_.input,
-                           slab ? config_.post_forward_group : group_, all_gather_label_, stats_);
-    }
-  } else if (shard_state_ == ShardState::kShardedPostForward) {
-    // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
-    // k slabs of the small group rebuilds the whole [world, total] buffer.
-    all_gather_ = foreach_all_gather(raw_, flat_, config_.post_forward_group, label_, stats_,
-                                     post_forward_slab_.view({-1}));
-  } else {
-    all_gather_ = foreach_all_gather(raw_, flat_, group_, label_, stats_);
-  }
+  const bool from_slab = shard_state_ == ShardState::kShardedPostForward;
+  buffers_->start_all_gather(from_slab ? post_forward_slab_.view({-1}) : at::Tensor(),
+                             config_.post_forward_group);
   shard_state_ = ShardState::kUnsharding;
   ++stats_.all_gathers;
   if (!async_op) wait_for_unshard();
@@ -262,30 +157,9 @@ void ParamGroup::unshard(bool async_op) {
 void ParamGroup::wait_for_unshard() {
   if (shard_state_ == ShardState::kUnsharded) return;
   check(shard_state_ == ShardState::kUnsharding, "wait_for_unshard", "an unshard() first");
-  wait_work(all_gather_.work, group_, stats_);
-  if (fast_) {
-    TraceScope trace("FSDP::all_gather_copy_out", label_);
-    CopyTimer copy(stats_);
-    const size_t nbytes = unsharded_block_bytes();
-    if (all_gather_out_.held()) {  // gathered rank-major: copy out (else placed already)
-      unsharded_block_ =
-          buffer_pool().acquire(nbytes, flat_shard_.device(), config_.symmetric_buffers);
-      copy_out_flat(all_gather_out_.data(), static_cast<char*>(unsharded_block_.data.get()), flat_,
-                    raw_.front()->layout().world, element_size_);
-      all_gather_out_.release();
-    }
-    util::borrow_storage(unsharded_flat_, static_cast<char*>(unsharded_block_.data.get()), nbytes);
-    all_gather_.work.reset();
-    all_gather_.input = at::Tensor();
-    post_forward_slab_ = at::Tensor();
-  } else {
-    TraceScope trace("FSDP::all_gather_copy_out", label_);
-    CopyTimer copy(stats_);
-    for (ShardedParam* p : raw_) p->alloc_unsharded();
-    foreach_all_gather_copy_out(all_gather_, raw_, flat_);
-    all_gather_ = AllGatherResult();  // frees the collective's buffers
-    post_forward_slab_ = at::Tensor();
-  }
+  wait_work(buffers_->all_gather_work(), group_, stats_);
+  buffers_->finish_all_gather();
+  post_forward_slab_ = at::Tensor();
   point_params(/*unsharded=*/true);
   shard_state_ = ShardState::kUnsharded;
   if (comm_ != nullptr) comm_->after_all_gather(this);
@@ -296,7 +170,7 @@ void ParamGroup::reshard() {
   check(shard_state_ != ShardState::kSummoned, "reshard", "the end of summon_full_params");
   // Never free a buffer an all-gather may still be writing.
   if (shard_state_ == ShardState::kUnsharding) wait_for_unshard();
-  TraceScope trace("FSDP::reshard", label_);
+  TraceScope trace("FSDP::reshard", label());
   point_params(/*unsharded=*/false);
   if (kept_after_backward_) {  // Note [Unsharded after backward]: the stash returns
     kept_after_backward_ = false;
@@ -304,14 +178,7 @@ void ParamGroup::reshard() {
   }
   {
     CopyTimer copy(stats_);
-    // Note [Freeing unsharded storage]
-    if (fast_) {
-      util::free_storage(unsharded_flat_);
-    } else {
-      for (ShardedParam* p : raw_) p->free_unsharded();
-    }
-    buffer_pool().release(std::move(unsharded_block_));  // Note [Buffer pool]
-    unsharded_block_ = PooledBlock();
+    buffers_->free_unsharded();  // Note [Freeing unsharded storage]
     post_forward_slab_ = at::Tensor();
   }
   shard_state_ = ShardState::kSharded;
@@ -380,7 +247,7 @@ void ParamGroup::reshard_post_forward() {
 void ParamGroup::summon(bool with_grads) {
   check(shard_state_ == ShardState::kSharded && training_state_ == TrainingState::kIdle,
         "summon_full_params", "sharded and idle (not inside forward or backward)");
-  TraceScope trace("FSDP::summon_full_params", label_);
+  TraceScope trace("FSDP::summon_full_params", label());
   summoned_grads_.assign(raw_.size(), at::Tensor());
   for (size_t i = 0; i < raw_.size(); ++i) {
     ShardedParam& p = *raw_[i];
@@ -472,7 +339,7 @@ c10::ScalarType ParamGroup::reduce_dtype() const {
 }
 
 void ParamGroup::pre_forward() {
-  TraceScope trace("FSDP::pre_forward", label_);
+  TraceScope trace("FSDP::pre_forward", label());
   training_state_ = TrainingState::kForward;
   if (torch::autograd::GradMode::is_enabled()) ++graph_forward_calls_;
   if (comm_ != nullptr) comm_->record_forward(this);
@@ -484,7 +351,7 @@ void ParamGroup::pre_forward() {
 }
 
 void ParamGroup::post_forward() {
-  TraceScope trace("FSDP::post_forward", label_);
+  TraceScope trace("FSDP::post_forward", label());
   if (comm_ != nullptr) comm_->record_post_forward(this);
   if (!torch::autograd::GradMode::is_enabled()) {
     reshard();  // no backward will follow (inference): always free
@@ -496,7 +363,7 @@ void ParamGroup::post_forward() {
 
 void ParamGroup::pre_backward() {
   if (training_state_ == TrainingState::kPreBackward) return;  // one hook per output node
-  TraceScope trace("FSDP::pre_backward", label_);
+  TraceScope trace("FSDP::pre_backward", label());
   // The previous backward was not the last (set_is_last_backward(false)) and left this
   // group's reduce-scatter in flight: land it before stashing the gradients it updates.
   if (reduce_pending_ && comm_ != nullptr) comm_->finish_pending_reduce();
@@ -532,7 +399,7 @@ void ParamGroup::post_backward() {
 }
 
 void ParamGroup::reduce_and_reshard() {
-  TraceScope trace("FSDP::post_backward", label_);
+  TraceScope trace("FSDP::post_backward", label());
   training_state_ = TrainingState::kPostBackward;
   check(shard_state_ == ShardState::kUnsharded, "post_backward", "unsharded");
   std::vector<at::Tensor>& grads = grads_;
@@ -596,7 +463,8 @@ void ParamGroup::reduce_and_reshard() {
 // dtype too: pytorch#190626), and the divisor is shard size x replicas.
 void ParamGroup::finish_reduce() {
   if (!reduce_pending_) return;
-  wait_work(reduce_.work, group_, stats_);
+  wait_work(buffers_->reduce_scatter_work(), group_, stats_);
+  at::Tensor& reduced = buffers_->reduce_output();
   double divisor = group_->size();
   const ProcessGroupPtr& replicas = config_.replicate_group;
   if (replicas && replicas->size() > 1) {
@@ -606,38 +474,21 @@ void ParamGroup::finish_reduce() {
     }
     if (partial_reduce_.defined()) {
       CopyTimer copy(stats_);
-      reduce_.output.add_(partial_reduce_);
+      reduced.add_(partial_reduce_);
       partial_reduce_ = at::Tensor();
     }
-    TraceScope trace("FSDP::all_reduce_replicas", label_);
+    TraceScope trace("FSDP::all_reduce_replicas", label());
     ++stats_.all_reduces;
     WorkPtr work;
     {
       CommTimer issue(stats_.comm_issue_ns);
-      CollectiveLabelScope label_scope(label_ + " all_reduce_replicas");
-      work = all_reduce(reduce_.output, ReduceOp::SUM, replicas, /*async_op=*/true);
+      CollectiveLabelScope label_scope(label() + " all_reduce_replicas");
+      work = all_reduce(reduced, ReduceOp::SUM, replicas, /*async_op=*/true);
     }
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
-  divisor = gradient_divide_factor_.value_or(divisor);
-  if (fast_) {
-    finish_reduce_fast(divisor);
-    return;
-  }
-  CopyTimer copy(stats_);
-  reduce_.output.div_(divisor);
-  for (size_t i = 0; i < raw_.size(); ++i) {
-    if (!raw_[i]->requires_grad()) {
-      raw_[i]->accumulate_sharded_grad(at::Tensor());
-      continue;
-    }
-    // A copy, not a view of the output buffer: optimizers detach_() grads in zero_grad,
-    // which autograd refuses on views; the buffer is freed right after.
-    raw_[i]->accumulate_sharded_grad(
-        reduced_shard_grad(reduce_, *raw_[i], flat_.offsets[i]).clone());
-  }
-  reduce_ = ReduceScatterResult();
+  buffers_->install_reduced_grads(gradient_divide_factor_.value_or(divisor));
   reduce_pending_ = false;
 }
 
@@ -649,89 +500,20 @@ void ParamGroup::finish_reduce() {
 // every skipped backward: the same gradient as all-reducing each, with one collective.
 void ParamGroup::hold_partial_reduce() {
   CopyTimer copy(stats_);
+  const at::Tensor& reduced = buffers_->reduce_output();
   if (partial_reduce_.defined()) {
-    partial_reduce_.add_(reduce_.output);
+    partial_reduce_.add_(reduced);
   } else {
-    partial_reduce_ = reduce_.output.clone();  // the output may be a pooled or persistent buffer
+    partial_reduce_ = reduced.clone();  // the output may be a pooled or persistent buffer
   }
   for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
-  if (fast_) {
-    reduce_in_.release();
-    if (!reduce_direct_) reduce_tmp_.release();
-  }
-  reduce_ = ReduceScatterResult();
+  buffers_->drop_reduced();
   reduce_pending_ = false;
 }
 
-// Note [Persistent gradient buffer]
-// On the fast path the sharded gradients are plain tensors over the group's persistent
-// grad_flat_ (ShardedParam::grad_alias), like DDP's gradient_as_bucket_view: a gradient a
-// caller keeps across steps is overwritten by the next reduce. When no stashed gradient lives
-// in grad_flat_ (first step, or grads set to None) the reduce-scatter writes straight into it;
-// otherwise (gradient accumulation, or zero_grad() zeroing in place as LibTorch 1.13 does) it
-// writes into a pooled temporary that is then added onto the stash in place.
 void ParamGroup::issue_reduce(const std::vector<at::Tensor>& grads) {
-  if (!fast_) {
-    reduce_ = foreach_reduce(raw_, grads, flat_, group_, label_, reduce_dtype(), stats_);
-    reduce_pending_ = true;
-    return;
-  }
-  TraceScope trace("FSDP::reduce_scatter", label_);
-  reduce_direct_ = true;
-  reduce_flat_add_ = grad_flat_.defined();
-  if (grad_flat_.defined()) {
-    const c10::StorageImpl* buffer = grad_flat_.storage().unsafeGetStorageImpl();
-    for (ShardedParam* p : raw_) {
-      const bool aliases = p->stash_aliases(buffer);
-      reduce_direct_ = reduce_direct_ && !aliases;
-      if (p->requires_grad()) reduce_flat_add_ = reduce_flat_add_ && aliases;
-    }
-  }
-  {
-    TraceScope copy_in("FSDP::reduce_scatter_copy_in", label_);
-    CopyTimer copy(stats_);
-    if (!grad_flat_.defined()) init_grad_buffer();
-    reduce_in_.acquire();
-    copy_in_grads(reduce_in_.tensor(), raw_, grads, flat_);
-    if (!reduce_direct_) reduce_tmp_.acquire();
-    reduce_.output = reduce_direct_ ? grad_flat_ : reduce_tmp_.tensor();
-  }
-  reduce_.work =
-      issue_reduce_scatter(reduce_.output, reduce_in_.tensor(), group_, reduce_label_, stats_);
+  buffers_->start_reduce_scatter(grads, reduce_dtype());
   reduce_pending_ = true;
-}
-
-void ParamGroup::finish_reduce_fast(double divisor) {
-  CopyTimer copy(stats_);
-  reduce_in_.release();
-  reduce_.output.div_(divisor);
-  if (reduce_direct_) {
-    for (ShardedParam* p : raw_) {
-      if (p->requires_grad()) {
-        p->install_reduced_grad(nullptr);
-      } else {
-        p->accumulate_sharded_grad(at::Tensor());
-      }
-    }
-  } else if (reduce_flat_add_) {
-    // Every trainable stash is its own rows of grad_flat_: one add over the buffer (padding
-    // and frozen rows add zeros), then each stash goes back as the gradient.
-    grad_flat_.add_(reduce_tmp_.tensor());
-    for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
-    reduce_tmp_.release();
-  } else {
-    for (size_t i = 0; i < raw_.size(); ++i) {
-      if (raw_[i]->requires_grad()) {
-        raw_[i]->install_reduced_grad(&tmp_slices_[i]);
-      } else {
-        raw_[i]->accumulate_sharded_grad(at::Tensor());
-      }
-    }
-    reduce_tmp_.release();
-  }
-  reduce_.output = at::Tensor();
-  reduce_.work.reset();
-  reduce_pending_ = false;
 }
 
 // Note [Unsharded after backward]
@@ -751,15 +533,8 @@ void ParamGroup::finalize_backward() {
   training_state_ = TrainingState::kIdle;
 }
 
-size_t ParamGroup::unsharded_block_bytes() const {
-  return static_cast<size_t>(raw_.front()->layout().world * flat_.total) * element_size_;
-}
-
 size_t ParamGroup::unsharded_bytes() const {
-  if (fast_) return util::storage_nbytes(unsharded_flat_);
-  size_t total = 0;
-  for (ShardedParam* p : raw_) total += p->unsharded_nbytes();
-  return total;
+  return buffers_->unsharded_bytes();
 }
 
 }  // namespace tdist::fsdp::detail

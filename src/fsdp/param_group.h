@@ -2,7 +2,8 @@
 
 // ParamGroup: the parameters of one fully_shard call, communicated together (one
 // all-gather into one buffer, one reduce-scatter). Owns the lifecycle; the state machine is
-// written out in param_group.cpp.
+// written out in param_group.cpp. Where the buffers come from and how data moves through
+// them is its GroupBuffers' business (group_buffers.h).
 
 #include <memory>
 #include <optional>
@@ -11,8 +12,8 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "fsdp/buffer_pool.h"
 #include "fsdp/collectives.h"
+#include "fsdp/group_buffers.h"
 #include "fsdp/sharded_param.h"
 #include "tdist/comm/process_group.h"
 #include "tdist/fsdp/fully_shard.h"
@@ -45,6 +46,7 @@ struct GroupConfig {
   std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
   at::Tensor flat_shard;           // the params' padded shards already live here (fully_shard)
   bool symmetric_buffers = false;  // pooled buffers in symmetric memory (agreed by all ranks)
+  bool placed_all_gather = false;  // FSDPEnvironment::placed_all_gather, for the flat shard
 };
 
 class ParamGroup {
@@ -55,7 +57,7 @@ class ParamGroup {
   ParamGroup(const ParamGroup&) = delete;
   ParamGroup& operator=(const ParamGroup&) = delete;
 
-  const std::string& label() const { return label_; }
+  const std::string& label() const { return labels_.module; }
   void set_label(std::string label);
   ShardState shard_state() const { return shard_state_; }
   TrainingState training_state() const { return training_state_; }
@@ -120,17 +122,12 @@ class ParamGroup {
   void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
                 ParamGroup* recorded_next);
   c10::ScalarType reduce_dtype() const;
-  void init_persistent_buffers();
-  /// Bytes of the param-major unsharded block (world * total elements).
-  size_t unsharded_block_bytes() const;
-  void init_grad_buffer();
-  /// Copies `grads` in and issues the reduce-scatter (reduce_, reduce_pending_).
+  /// Copies `grads` in and issues the reduce-scatter (reduce_pending_).
   void issue_reduce(const std::vector<at::Tensor>& grads);
   void hold_partial_reduce();
-  void finish_reduce_fast(double divisor);
   void check(bool condition, const char* verb, const char* expected) const;
 
-  std::string label_;
+  GroupLabels labels_;
   std::vector<std::unique_ptr<ShardedParam>> params_;
   std::vector<ShardedParam*> raw_;
   // The layout, shared with placed all-gathers (Note [Abandoned placed all-gather]); flat_
@@ -162,29 +159,13 @@ class ParamGroup {
   /// backward, and post-backward hooks fired so far.
   int graph_forward_calls_ = 0;
   int post_backward_calls_ = 0;
-  AllGatherResult all_gather_;    // valid while kUnsharding
   at::Tensor post_forward_slab_;  // valid while kShardedPostForward
-  ReduceScatterResult reduce_;    // valid while a reduce-scatter is pending
-  bool reduce_pending_ = false;
+  bool reduce_pending_ = false;   // a reduce-scatter was issued and not yet finished
   FSDPStats stats_;
   std::vector<at::Tensor> grads_;  // post_backward's scratch (keeps its capacity)
-  std::string all_gather_label_;   // "<label> all_gather", for the flight recorder
-  std::string reduce_label_;
-
-  // Note [Persistent buffers]: valid when fast_.
-  bool fast_ = false;
-  size_t element_size_ = 0;
-  at::Tensor flat_shard_;               // [total], owns every param's padded shard
-  PooledTensor all_gather_out_;         // [world * total], rank-major
-  at::Tensor unsharded_flat_;           // [world * total]: every param's unsharded storage
-  PooledBlock unsharded_block_;         // unsharded_flat_'s bytes, held while kUnsharded
-  PooledTensor reduce_in_;              // [world * total], rank-major
-  PooledTensor reduce_tmp_;             // [total], reduce output while grads accumulate
-  std::vector<at::Tensor> tmp_slices_;  // per param: its local rows of reduce_tmp_
-  at::Tensor grad_flat_;                // [total], the sharded gradients (created at first reduce)
-  bool reduce_direct_ = true;           // the pending reduce-scatter writes into grad_flat_
-  bool reduce_flat_add_ = false;        // ... else every trainable stash is its rows of grad_flat_
-  bool placed_all_gather_ = false;      // the group's backend gathers into the unsharded block
+  // Last: it refers to the members above, and its destructor may still wait on an
+  // all-gather that writes into the parameters' storage (Note [Abandoned placed all-gather]).
+  std::unique_ptr<GroupBuffers> buffers_;
 };
 
 }  // namespace tdist::fsdp::detail

@@ -12,7 +12,7 @@
 
 #include "mpirun_launch.h"
 #include "process_util.h"
-#include "util/openblas_core.h"
+#include "tdist/util/openblas_core.h"
 
 extern char** environ;
 

@@ -15,14 +15,6 @@ namespace {
 constexpr int kDirectMaxRanks = 8;
 constexpr size_t kPoolMaxBuffers = 4;
 
-int64_t direct_min_bytes() {
-  static const int64_t value = [] {
-    const char* v = std::getenv("TDIST_MPI_DIRECT_MIN_BYTES");
-    return v ? std::atoll(v) : int64_t(64) << 10;
-  }();
-  return value;
-}
-
 // Pointer to element `offset` of a contiguous tensor.
 void* at_element(const at::Tensor& t, int64_t offset) {
   return static_cast<char*>(t.data_ptr()) + offset * t.element_size();
@@ -90,8 +82,8 @@ bool reduce_out_supports(at::ScalarType dtype, ReduceOp op) {
   }
 }
 
-bool use_direct(int size, int64_t bytes, at::ScalarType dtype, bool reduces, ReduceOp op) {
-  const int64_t min_bytes = direct_min_bytes();
+bool use_direct(int64_t min_bytes, int size, int64_t bytes, at::ScalarType dtype, bool reduces,
+                ReduceOp op) {
   if (min_bytes < 0 || size < 2 || size > kDirectMaxRanks || bytes < min_bytes) return false;
   if (!reduces) return true;
   return reduce_out_supports(dtype, op);

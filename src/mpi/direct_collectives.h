@@ -64,9 +64,10 @@ struct DirectComm {
 int take_tag(const DirectComm& c);
 
 /// True when the direct algorithm should run: world > 1, at most kDirectMaxRanks ranks,
-/// at least TDIST_MPI_DIRECT_MIN_BYTES (default 64 KiB; -1 disables) bytes, and a reduce
+/// at least `min_bytes` (MPIEnvironment::direct_min_bytes; -1 disables) bytes, and a reduce
 /// op ATen can apply in place (SUM, AVG, PRODUCT, MIN, MAX on non-bool dtypes).
-bool use_direct(int size, int64_t bytes, at::ScalarType dtype, bool reduces, ReduceOp op);
+bool use_direct(int64_t min_bytes, int size, int64_t bytes, at::ScalarType dtype, bool reduces,
+                ReduceOp op);
 
 /// `out` (contiguous, numel*size == in.numel()) = this rank's chunk of `in` reduced over
 /// all ranks. `finally` runs on completion (AVG division, copy-back).

@@ -29,6 +29,8 @@ struct Communicator {
   std::shared_ptr<ShmWindow> shm;
   // This communicator's collectives in the executor (Note [Executor lanes]).
   std::shared_ptr<Lane> lane = std::make_shared<Lane>();
+  // The environment this communicator's backend was created with.
+  MPIEnvironment env = MPIEnvironment::from_env();
 
   DirectComm direct(int rank, int size) const {
     return DirectComm{p2p, rank, size, pool, sequence};
@@ -102,7 +104,7 @@ MPIBackend::MPIBackend(const StorePtr& store, int rank, int size, std::chrono::m
     MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
     check_mpi(MPI_Comm_dup(comm_->comm, &comm_->p2p), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_->p2p, MPI_ERRORS_RETURN);
-    comm_->shm = detail::ShmWindow::create(comm_->comm, rank, size);
+    comm_->shm = detail::ShmWindow::create(comm_->comm, rank, size, comm_->env);
     int comm_rank = -1;
     MPI_Comm_rank(comm_->comm, &comm_rank);
     if (comm_rank != rank) {
@@ -177,11 +179,7 @@ WorkPtr submit_shm(CollectiveBackend* backend, const detail::Communicator& comm,
   auto on_failure = [backend](const std::string& reason) { backend->mark_broken(reason); };
   auto start = [op]() mutable { return std::move(op); };
   detail::Lane& lane = *comm.lane;
-  static const bool inline_allowed = [] {
-    const char* v = std::getenv("TDIST_MPI_SHM_INLINE");
-    return !v || std::string(v) != "0";
-  }();
-  const bool inline_start = inline_allowed && bytes <= kInlineMaxBytes &&
+  const bool inline_start = comm.env.inline_start && bytes <= kInlineMaxBytes &&
                             lane.in_flight.load() == 0 && !lane.inline_active.exchange(true);
   if (inline_start && lane.in_flight.load() != 0) {
     lane.inline_active = false;  // another thread submitted meanwhile
@@ -263,7 +261,8 @@ WorkPtr MPIBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts)
     return submit_shm(this, *comm_, "all_reduce", {tensor}, deadline_for(opts),
                       staged.buffer.nbytes(), std::move(op));
   }
-  if (detail::use_direct(n, staged.buffer.nbytes(), staged.buffer.scalar_type(), true, opts.op)) {
+  if (detail::use_direct(comm_->env.direct_min_bytes, n, staged.buffer.nbytes(),
+                         staged.buffer.scalar_type(), true, opts.op)) {
     auto direct = comm_->direct(rank_, size_);
     const ReduceOp reduce_op = opts.op;
     return submit(this, "all_reduce", {tensor}, deadline_for(opts), comm_->lane, [=] {
@@ -397,7 +396,8 @@ WorkPtr MPIBackend::gather_off_shm(const at::Tensor& in, const at::Tensor& out,
                                    std::vector<at::Tensor> outputs, std::function<void()> finally,
                                    const AllgatherOptions& opts) {
   const int count = checked_count(in.numel(), "all_gather_into_tensor");
-  if (detail::use_direct(size_, out.nbytes(), out.scalar_type(), false, ReduceOp::SUM)) {
+  if (detail::use_direct(comm_->env.direct_min_bytes, size_, out.nbytes(), out.scalar_type(), false,
+                         ReduceOp::SUM)) {
     auto direct = comm_->direct(rank_, size_);
     return submit(
         this, "all_gather_into_tensor", std::move(outputs), deadline_for(opts), comm_->lane, [=] {
@@ -542,7 +542,8 @@ WorkPtr MPIBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& 
     return submit_shm(this, *comm_, "reduce_scatter_tensor", {output}, deadline_for(opts),
                       in.buffer.nbytes(), std::move(op));
   }
-  if (detail::use_direct(n, in.buffer.nbytes(), in.buffer.scalar_type(), true, opts.op)) {
+  if (detail::use_direct(comm_->env.direct_min_bytes, n, in.buffer.nbytes(),
+                         in.buffer.scalar_type(), true, opts.op)) {
     auto direct = comm_->direct(rank_, size_);
     const ReduceOp reduce_op = opts.op;
     return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), comm_->lane, [=] {

@@ -14,8 +14,10 @@
 #include <cstring>
 #include <random>
 
-#include "comm/reduce_kernels.h"
 #include "direct_collectives.h"
+#include "tdist/comm/engine/cpu_relax.h"
+#include "tdist/comm/engine/reduce_kernels.h"
+#include "tdist/comm/engine/shm_object.h"
 #include "tdist/error.h"
 
 namespace tdist::mpi::detail {
@@ -30,37 +32,13 @@ using Clock = Executor::Clock;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kReducedOffset = 128;
 constexpr size_t kAnnouncementOffset = 256;
-// Note [Piece size]: 256 KiB. Measured on 2 cores (bench/HISTORY.md):
-// a 1 MiB plain all_reduce at world 2 takes 213-226 us in four pieces vs 246-260 us in one
-// (the ranks' copy-in, fold and copy-out of consecutive pieces overlap, and a piece stays
-// in L2), 2 MiB 458-479 vs 505-546 us; single-piece and large ops and world 3 unchanged.
-constexpr int64_t kDefaultPieceBytes = int64_t(256) << 10;
 // How long one poll spins on a flag before handing the executor back (Note [Shared-memory
 // collectives]).
 constexpr auto kSpin = std::chrono::microseconds(2);
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoll(v) : fallback;
-}
-
-// TDIST_MPI_SHM and TDIST_MPI_SHM_CMA: on unless set to "0".
-bool switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == "0";
-}
-
 // What peers read, at window creation, to learn whether cross-process reads work here.
 constexpr uint64_t kProbeMagic = 0x74646973'74434d41ull;  // "tdistCMA"
 const uint64_t kProbeWord = kProbeMagic;
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 uint64_t load_acquire(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
@@ -69,25 +47,26 @@ void store_release(uint64_t* p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-char* map_segment(const std::string& name, size_t bytes, bool create) {
-  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
-                        : shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return nullptr;
-  void* p = MAP_FAILED;
-  if (!create || ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+// A peer's segment, read-write; null unless it has exactly `bytes` (ranks whose
+// TDIST_MPI_SHM_PIECE_BYTES differ never share segments: they fall back together).
+char* map_peer_segment(const std::string& name, size_t bytes) {
+  size_t len = 0;
+  char* p = ::tdist::detail::map_shm_object(name, /*writable=*/true, &len);
+  if (p != nullptr && len != bytes) {
+    munmap(p, len);
+    return nullptr;
   }
-  close(fd);
-  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  return p;
 }
 
 }  // namespace
 
-ShmWindow::ShmWindow(int rank, int size, int64_t piece_bytes)
-    : rank_(rank),
+ShmWindow::ShmWindow(int rank, int size, const MPIEnvironment& env)
+    : env_(env),
+      rank_(rank),
       size_(size),
-      piece_bytes_(piece_bytes),
-      segment_bytes_(kHeaderBytes + 2 * static_cast<size_t>(piece_bytes)),
+      piece_bytes_(env.piece_bytes),
+      segment_bytes_(kHeaderBytes + 2 * static_cast<size_t>(env.piece_bytes)),
       segments_(size, nullptr) {}
 
 ShmWindow::~ShmWindow() {
@@ -96,8 +75,10 @@ ShmWindow::~ShmWindow() {
   }
 }
 
-std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) {
-  if (size < 2 || switched_off("TDIST_MPI_SHM")) return nullptr;
+std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size,
+                                             const MPIEnvironment& env) {
+  if (size < 2 || !env.shared_memory) return nullptr;
+  ::tdist::detail::remove_stale_shm_objects();  // segments of jobs that died mid-set-up
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node),
             "MPI_Comm_split_type (shared-memory collectives)");
@@ -106,10 +87,6 @@ std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) 
   MPI_Comm_free(&node);
   if (node_size != size) return nullptr;  // the same answer on every rank
 
-  // Halves are multiples of 4 KiB, so every element type stays aligned.
-  const int64_t piece =
-      (std::max<int64_t>(env_int("TDIST_MPI_SHM_PIECE_BYTES", kDefaultPieceBytes), 4096) + 4095) /
-      4096 * 4096;
   char prefix[64] = {};
   if (rank == 0) {
     std::random_device random;
@@ -120,9 +97,10 @@ std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) 
             "MPI_Bcast (shared-memory segment name)");
   auto name_of = [&](int r) { return std::string(prefix) + "-" + std::to_string(r); };
 
-  std::shared_ptr<ShmWindow> window(new ShmWindow(rank, size, piece));
+  std::shared_ptr<ShmWindow> window(new ShmWindow(rank, size, env));
   const std::string mine = name_of(rank);
-  window->segments_[rank] = map_segment(mine, window->segment_bytes_, /*create=*/true);
+  std::string error;  // a segment that cannot be had turns the path off on every rank
+  window->segments_[rank] = ::tdist::detail::create_shm_object(mine, window->segment_bytes_, error);
   // A fresh tmpfs file reads as zeros: both flags start at 0.
   int ok = window->segments_[rank] != nullptr, all_ok = 0;
   int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
@@ -130,7 +108,7 @@ std::shared_ptr<ShmWindow> ShmWindow::create(MPI_Comm comm, int rank, int size) 
     // Every segment exists: map the peers'.
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
-      window->segments_[r] = map_segment(name_of(r), window->segment_bytes_, /*create=*/false);
+      window->segments_[r] = map_peer_segment(name_of(r), window->segment_bytes_);
       if (!window->segments_[r]) ok = 0;
     }
     rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
@@ -153,7 +131,7 @@ void ShmWindow::probe_peer_reads(MPI_Comm comm) {
   std::vector<int64_t> all(2 * static_cast<size_t>(size_));
   check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm),
             "MPI_Allgather (shared-memory collectives: process ids)");
-  int ok = switched_off("TDIST_MPI_SHM_CMA") ? 0 : 1;
+  int ok = env_.peer_reads ? 1 : 0;
   for (int r = 0; r < size_ && ok; ++r) {
     if (r == rank_) continue;
     uint64_t word = 0;
@@ -209,19 +187,16 @@ int64_t* ShmWindow::announcement(int r, uint64_t seq) const {
 // Note [Plain tensors read across processes]: measured on 2 cores (bench/HISTORY.md), all_gather
 // and reduce_scatter gain from 256 KiB, all_reduce (two reads of peer memory, three hand-offs) only
 // from 4 MiB; above 16 MiB the staged pipeline is faster.
-PeerReadWindow peer_read_window(bool all_reduce) {
-  static const int64_t min_bytes = env_int("TDIST_MPI_SHM_CMA_MIN_BYTES", -1);
-  static const int64_t max_bytes = env_int("TDIST_MPI_SHM_CMA_MAX_BYTES", int64_t(16) << 20);
+PeerReadWindow peer_read_window(const MPIEnvironment& env, bool all_reduce) {
   const int64_t fallback_min = all_reduce ? int64_t(4) << 20 : int64_t(256) << 10;
-  return {min_bytes >= 0 ? min_bytes : fallback_min, max_bytes};
+  return {env.peer_read_min_bytes >= 0 ? env.peer_read_min_bytes : fallback_min,
+          env.peer_read_max_bytes};
 }
 
 bool use_shm(const ShmWindow* window, int64_t bytes, at::ScalarType dtype, bool reduces,
              ReduceOp op) {
   if (!window) return false;
-  static const int64_t min_bytes = env_int("TDIST_MPI_SHM_MIN_BYTES", 0);
-  static const int64_t max_bytes = env_int("TDIST_MPI_SHM_MAX_BYTES", -1);
-  if (bytes < min_bytes || (max_bytes >= 0 && bytes > max_bytes)) return false;
+  if (!window->takes(bytes)) return false;
   if (!reduces) return true;
   return reduce_out_supports(dtype, op);
 }
@@ -270,7 +245,7 @@ class ShmOp {
     // (A placed all-gather's size is its peers' output size, so every rank picks one path.)
     const int64_t op_bytes = place_ ? static_cast<int64_t>(in_.nbytes()) * n
                                     : std::max<int64_t>(in_.nbytes(), out_.nbytes());
-    const PeerReadWindow plain = peer_read_window(kind_ == Kind::kAllReduce);
+    const PeerReadWindow plain = peer_read_window(w_.environment(), kind_ == Kind::kAllReduce);
     direct_ = sym_.id != 0 || (w_.reads_peer_memory() && plain.contains(op_bytes));
     // Note [Placed all-gather over shared memory]: one step hands each peer's block to the
     // placer where it lives (mapped) or as read from its process; staged pieces gather
@@ -278,104 +253,15 @@ class ShmOp {
     if (place_ && !direct_) out_ = at::empty({n * domain_}, in_.options());
   }
 
+  // One call runs stages until the op is finished (true) or waits on a peer (false).
   bool poll(bool& progressed) {
-    const int n = w_.size(), r = w_.rank();
     while (true) {
-      switch (stage_) {
-        case Stage::kBegin:
-          if (begin_ >= domain_) {
-            if (place_ && !direct_) place_every_block();
-            return true;
-          }
-          if (direct_) {
-            begin_direct();
-            progressed = true;
-            stage_ = Stage::kDirectArrived;
-            k_ = 0;
-            break;
-          }
-          begin_piece();
-          progressed = true;
-          stage_ = Stage::kArrived;
-          k_ = 0;
-          break;
-        case Stage::kArrived:
-          for (; k_ < n; ++k_) {
-            if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied its input in")) return false;
-            if (k_ != r) check_same_path(k_);
-            consume(k_);
-            progressed = true;
-          }
-          if (kind_ == Kind::kAllReduce) {
-            store_release(w_.reduced(r), seq_);
-            stage_ = Stage::kReduced;
-            k_ = 0;
-          } else {
-            begin_ += len_;
-            stage_ = Stage::kBegin;
-          }
-          break;
-        case Stage::kReduced:
-          for (; k_ < n; ++k_) {
-            if (k_ != r && !wait_for(w_.reduced(k_), k_, "published its reduced chunk")) {
-              return false;
-            }
-            std::memcpy(in_at(begin_ + chunk_begin(k_)), w_.half(k_, seq_) + chunk_begin(k_) * es_,
-                        chunk_len(k_) * es_);
-            progressed = true;
-          }
-          begin_ += len_;
-          stage_ = Stage::kBegin;
-          break;
-        case Stage::kDirectArrived:
-          for (; k_ < n; ++k_) {
-            if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return false;
-            if (k_ != r) check_same_path(k_);
-            if (kind_ == Kind::kAllGather && k_ != r) {
-              if (place_) {
-                place_from(k_);
-              } else {
-                copy_from(k_, 0, out_at(k_ * domain_), domain_ * es_);
-              }
-            }
-            progressed = true;
-          }
-          if (kind_ == Kind::kAllReduce) {
-            fold_ranks(chunk_begin(r), chunk_len(r), in_at(chunk_begin(r)));
-          } else if (kind_ == Kind::kReduceScatter) {
-            fold_ranks(r * domain_, domain_, out_at(0));
-          }
-          store_release(w_.reduced(r), seq_);
-          stage_ = Stage::kDirectDone;
-          k_ = 0;
-          break;
-        case Stage::kDirectDone:
-          for (; k_ < n; ++k_) {
-            if (k_ != r && !wait_for(w_.reduced(k_), k_, "finished reading")) return false;
-            if (kind_ == Kind::kAllReduce && k_ != r) {
-              // Rank k's chunk is reduced, and rank k no longer reads mine.
-              copy_from(k_, chunk_begin(k_) * es_, in_at(chunk_begin(k_)), chunk_len(k_) * es_);
-              progressed = true;
-            }
-          }
-          if (kind_ == Kind::kAllReduce) {
-            // Peers copy my reduced chunk out of my tensor: return only once they are done.
-            store_release(w_.arrived(r), done_seq_);
-            stage_ = Stage::kDirectFinal;
-            k_ = 0;
-            break;
-          }
-          begin_ = domain_;
-          stage_ = Stage::kBegin;
-          break;
-        case Stage::kDirectFinal:
-          for (; k_ < n; ++k_) {
-            if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied the reduced chunks", done_seq_)) {
-              return false;
-            }
-          }
-          begin_ = domain_;
-          stage_ = Stage::kBegin;
+      switch (step(progressed)) {
+        case Step::kBlocked:
+          return false;
+        case Step::kFinished:
+          return true;
+        case Step::kNext:
           break;
       }
     }
@@ -383,6 +269,144 @@ class ShmOp {
 
  private:
   enum class Stage { kBegin, kArrived, kReduced, kDirectArrived, kDirectDone, kDirectFinal };
+
+  enum class Step { kNext, kBlocked, kFinished };
+
+  // Staged pieces: kBegin -> kArrived (-> kReduced for all_reduce) -> kBegin, per piece.
+  // Direct (peers read each other's tensors): kBegin -> kDirectArrived -> kDirectDone
+  // (-> kDirectFinal for all_reduce), once for the whole op.
+  Step step(bool& progressed) {
+    switch (stage_) {
+      case Stage::kBegin:
+        return begin_next(progressed);
+      case Stage::kArrived:
+        return consume_arrived(progressed);
+      case Stage::kReduced:
+        return copy_out_reduced(progressed);
+      case Stage::kDirectArrived:
+        return read_announced(progressed);
+      case Stage::kDirectDone:
+        return finish_direct_reads(progressed);
+      case Stage::kDirectFinal:
+        return await_reduced_copies();
+    }
+    return Step::kNext;
+  }
+
+  Step begin_next(bool& progressed) {
+    if (begin_ >= domain_) {
+      if (place_ && !direct_) place_every_block();
+      return Step::kFinished;
+    }
+    if (direct_) {
+      begin_direct();
+      stage_ = Stage::kDirectArrived;
+    } else {
+      begin_piece();
+      stage_ = Stage::kArrived;
+    }
+    progressed = true;
+    k_ = 0;
+    return Step::kNext;
+  }
+
+  // Every rank's part of this piece is in its half: fold or copy it.
+  Step consume_arrived(bool& progressed) {
+    const int n = w_.size(), r = w_.rank();
+    for (; k_ < n; ++k_) {
+      if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied its input in")) return Step::kBlocked;
+      if (k_ != r) check_same_path(k_);
+      consume(k_);
+      progressed = true;
+    }
+    if (kind_ == Kind::kAllReduce) {
+      store_release(w_.reduced(r), seq_);
+      stage_ = Stage::kReduced;
+      k_ = 0;
+    } else {
+      begin_ += len_;
+      stage_ = Stage::kBegin;
+    }
+    return Step::kNext;
+  }
+
+  // all_reduce: every rank has published its reduced chunk of this piece: copy them out.
+  Step copy_out_reduced(bool& progressed) {
+    const int n = w_.size(), r = w_.rank();
+    for (; k_ < n; ++k_) {
+      if (k_ != r && !wait_for(w_.reduced(k_), k_, "published its reduced chunk")) {
+        return Step::kBlocked;
+      }
+      std::memcpy(in_at(begin_ + chunk_begin(k_)), w_.half(k_, seq_) + chunk_begin(k_) * es_,
+                  chunk_len(k_) * es_);
+      progressed = true;
+    }
+    begin_ += len_;
+    stage_ = Stage::kBegin;
+    return Step::kNext;
+  }
+
+  // Direct: every rank has announced its tensor; gather from them, then fold my chunk.
+  Step read_announced(bool& progressed) {
+    const int n = w_.size(), r = w_.rank();
+    for (; k_ < n; ++k_) {
+      if (k_ != r && !wait_for(w_.arrived(k_), k_, "announced its tensor")) return Step::kBlocked;
+      if (k_ != r) check_same_path(k_);
+      if (kind_ == Kind::kAllGather && k_ != r) {
+        if (place_) {
+          place_from(k_);
+        } else {
+          copy_from(k_, 0, out_at(k_ * domain_), domain_ * es_);
+        }
+      }
+      progressed = true;
+    }
+    if (kind_ == Kind::kAllReduce) {
+      fold_ranks(chunk_begin(r), chunk_len(r), in_at(chunk_begin(r)));
+    } else if (kind_ == Kind::kReduceScatter) {
+      fold_ranks(r * domain_, domain_, out_at(0));
+    }
+    store_release(w_.reduced(r), seq_);
+    stage_ = Stage::kDirectDone;
+    k_ = 0;
+    return Step::kNext;
+  }
+
+  // Direct: every rank has finished reading; all_reduce copies the peers' reduced chunks.
+  Step finish_direct_reads(bool& progressed) {
+    const int n = w_.size(), r = w_.rank();
+    for (; k_ < n; ++k_) {
+      if (k_ != r && !wait_for(w_.reduced(k_), k_, "finished reading")) return Step::kBlocked;
+      if (kind_ == Kind::kAllReduce && k_ != r) {
+        // Rank k's chunk is reduced, and rank k no longer reads mine.
+        copy_from(k_, chunk_begin(k_) * es_, in_at(chunk_begin(k_)), chunk_len(k_) * es_);
+        progressed = true;
+      }
+    }
+    if (kind_ == Kind::kAllReduce) {
+      // Peers copy my reduced chunk out of my tensor: return only once they are done.
+      store_release(w_.arrived(r), done_seq_);
+      stage_ = Stage::kDirectFinal;
+      k_ = 0;
+      return Step::kNext;
+    }
+    begin_ = domain_;
+    stage_ = Stage::kBegin;
+    return Step::kNext;
+  }
+
+  // Direct all_reduce: every peer has copied my reduced chunk out of my tensor.
+  Step await_reduced_copies() {
+    const int n = w_.size(), r = w_.rank();
+    for (; k_ < n; ++k_) {
+      if (k_ != r && !wait_for(w_.arrived(k_), k_, "copied the reduced chunks", done_seq_)) {
+        return Step::kBlocked;
+      }
+    }
+    begin_ = domain_;
+    stage_ = Stage::kBegin;
+    return Step::kNext;
+  }
 
   // all_reduce: chunk j of the current piece is [chunk_begin(j), chunk_begin(j + 1)).
   int64_t chunk_begin(int j) const { return len_ * j / w_.size(); }
@@ -590,7 +614,7 @@ class ShmOp {
     const auto start = Clock::now();
     while (true) {
       for (int i = 0; i < 64; ++i) {
-        cpu_relax();
+        ::tdist::detail::cpu_relax();
         if (load_acquire(flag) >= seq) return true;
       }
       const auto now = Clock::now();

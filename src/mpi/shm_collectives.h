@@ -106,8 +106,10 @@
 #include <string>
 #include <vector>
 
-#include "comm/symmetric_registry.h"
 #include "executor.h"
+#include "mpi/mpi_environment.h"
+#include "tdist/comm/collective_backend.h"
+#include "tdist/comm/engine/symmetric_registry.h"
 #include "tdist/comm/types.h"
 
 namespace tdist::mpi::detail {
@@ -116,9 +118,10 @@ namespace tdist::mpi::detail {
 class ShmWindow {
  public:
   /// Collective over `comm` (executor thread, same order on every member). Null when the
-  /// path is off (TDIST_MPI_SHM=0 or size < 2), when some rank is on another node, or when
-  /// any rank failed to create or map a segment (all ranks then agree on null).
-  static std::shared_ptr<ShmWindow> create(MPI_Comm comm, int rank, int size);
+  /// path is off (env.shared_memory false or size < 2), when some rank is on another node,
+  /// or when any rank failed to create or map a segment (all ranks then agree on null).
+  static std::shared_ptr<ShmWindow> create(MPI_Comm comm, int rank, int size,
+                                           const MPIEnvironment& env);
   ~ShmWindow();
   ShmWindow(const ShmWindow&) = delete;
   ShmWindow& operator=(const ShmWindow&) = delete;
@@ -126,6 +129,12 @@ class ShmWindow {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int64_t piece_bytes() const { return piece_bytes_; }
+  /// The values this window's backend was created with.
+  const MPIEnvironment& environment() const { return env_; }
+  /// Whether an op of `bytes` is in the sizes this path takes (TDIST_MPI_SHM_MIN/MAX_BYTES).
+  bool takes(int64_t bytes) const {
+    return bytes >= env_.shm_min_bytes && (env_.shm_max_bytes < 0 || bytes <= env_.shm_max_bytes);
+  }
   /// Rank r's half for the piece with sequence number `seq`.
   char* half(int r, uint64_t seq) const;
   uint64_t* arrived(int r) const;
@@ -148,9 +157,10 @@ class ShmWindow {
   std::vector<char>& fold_scratch(int i) { return fold_scratch_[i]; }
 
  private:
-  ShmWindow(int rank, int size, int64_t piece_bytes);
+  ShmWindow(int rank, int size, const MPIEnvironment& env);
   void probe_peer_reads(MPI_Comm comm);
 
+  MPIEnvironment env_;
   int rank_;
   int size_;
   int64_t piece_bytes_;
@@ -177,7 +187,7 @@ struct PeerReadWindow {
     return bytes >= min_bytes && (max_bytes < 0 || bytes <= max_bytes);
   }
 };
-PeerReadWindow peer_read_window(bool all_reduce);
+PeerReadWindow peer_read_window(const MPIEnvironment& env, bool all_reduce);
 
 /// True when an op of `bytes` (the larger of input and output) should take the
 /// shared-memory path: a window exists, the size is in range, and for reductions the op is
@@ -207,7 +217,7 @@ StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
 
 /// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): every rank's `in` handed to
 /// `place` (once per rank, on the executor thread, before `finally`).
-using BlockPlacer = std::function<void(int rank, const char* block)>;
+using BlockPlacer = CollectiveBackend::BlockPlacer;
 StartedOp shm_all_gather_placed(ShmOpContext ctx, at::Tensor in, BlockPlacer place,
                                 std::function<void()> finally);
 

@@ -1,4 +1,4 @@
-#include "openblas_core.h"
+#include "tdist/util/openblas_core.h"
 
 #include <dlfcn.h>
 

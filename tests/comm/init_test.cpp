@@ -7,7 +7,7 @@
 
 #include "comm/comm_test_util.h"
 #include "tdist/store/tcp_store.h"
-#include "util/openblas_core.h"
+#include "tdist/util/openblas_core.h"
 
 namespace tdist {
 namespace {

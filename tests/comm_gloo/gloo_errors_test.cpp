@@ -191,7 +191,7 @@ sighandler_t sigpipe_disposition() {
   return current.sa_handler;
 }
 
-// See Note [SIGPIPE] in src/comm/gloo/gloo_comm.cpp: a survivor writing to a dead peer's
+// See Note [SIGPIPE] in src/gloo/gloo_comm.cpp: a survivor writing to a dead peer's
 // socket must get a NetworkError, not die of SIGPIPE (seen once in CI as "signal 13").
 TEST(GlooErrors, SigpipeIsIgnoredUnlessTheProgramHandlesIt) {
   struct sigaction saved {};

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "comm/gloo/device_address.h"
+#include "gloo/device_address.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"

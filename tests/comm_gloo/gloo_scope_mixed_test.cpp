@@ -1,5 +1,5 @@
 // This program links Debian's libgloo directly, beside LibTorch's own Gloo: the mix that
-// Note [One Gloo per symbol scope] (src/comm/gloo/transport/transport.h) forbids. Creating a
+// Note [One Gloo per symbol scope] (src/gloo/transport/transport.h) forbids. Creating a
 // Gloo group must refuse with an error that names the cause, before any Gloo call runs.
 
 #include <gloo/transport/tcp/device.h>

@@ -1,4 +1,4 @@
-// Note [One Gloo per symbol scope] (src/comm/gloo/transport/transport.h): in a process that
+// Note [One Gloo per symbol scope] (src/gloo/transport/transport.h): in a process that
 // has LibTorch loaded, tdist's Gloo transport must run on Debian's libgloo and LibTorch's
 // `gloo::` symbols must stay LibTorch's own. Mixing the two would corrupt memory silently, so
 // these tests look at where each side's Gloo calls actually bind.
@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "comm/gloo/transport/transport.h"
 #include "comm_gloo/gloo_test_util.h"
+#include "gloo/transport/transport.h"
 
 namespace tdist::testing {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "support/ranks.h"
-#include "tdist/comm/gloo_backend.h"
+#include "tdist/gloo/gloo_backend.h"
 
 namespace tdist::testing {
 

@@ -1,5 +1,5 @@
-// Activation checkpointing (tdist::fsdp::checkpoint) of sharded blocks: training parity with
-// the same sharded model without checkpointing; the recompute runs in backward with grad on
+// Activation checkpointing (tdist::fsdp::checkpointed_forward) of sharded blocks: training parity
+// with the same sharded model without checkpointing; the recompute runs in backward with grad on
 // parameters unsharded again; plain (unsharded) modules and RNG state (dropout) too.
 #include <gtest/gtest.h>
 
@@ -32,7 +32,7 @@ class CheckpointedTinyImpl : public testing::TinyTransformerImpl {
   using testing::TinyTransformerImpl::TinyTransformerImpl;
   torch::Tensor forward(torch::Tensor idx) {
     auto x = tok(idx) + pos.narrow(0, 0, idx.size(1));
-    for (auto& block : blocks) x = tdist::fsdp::checkpoint(block, x);
+    for (auto& block : blocks) x = tdist::fsdp::checkpointed_forward(block, x);
     return head(ln_f(x));
   }
 };
@@ -135,7 +135,7 @@ class ProbeModelImpl : public torch::nn::Module {
     head = register_module("head", torch::nn::Linear(c.width, c.vocab));
   }
   torch::Tensor forward(torch::Tensor idx) {
-    return head(tdist::fsdp::checkpoint(block, tok(idx)));
+    return head(tdist::fsdp::checkpointed_forward(block, tok(idx)));
   }
   torch::nn::Embedding tok{nullptr};
   ProbeBlock block{nullptr};
@@ -198,7 +198,7 @@ TEST(ActivationCheckpoint, PlainModuleSameGradients) {
   block->zero_grad();
   x.mutable_grad() = at::Tensor();
 
-  auto out = tdist::fsdp::checkpoint(block, x);
+  auto out = tdist::fsdp::checkpointed_forward(block, x);
   EXPECT_EQ(out.grad_fn()->name().find("CheckpointFunction") != std::string::npos, true)
       << out.grad_fn()->name();
   out.pow(2).sum().backward();
@@ -212,7 +212,7 @@ TEST(ActivationCheckpoint, PlainModuleSameGradients) {
 TEST(ActivationCheckpoint, InputsWithoutGradStillReachParameters) {
   torch::nn::Linear lin(4, 3);
   auto x = torch::randn({5, 4});  // requires no grad: only the parameters do
-  tdist::fsdp::checkpoint(lin, x).sum().backward();
+  tdist::fsdp::checkpointed_forward(lin, x).sum().backward();
   ASSERT_TRUE(lin->weight.grad().defined());
   EXPECT_TRUE(torch::allclose(lin->weight.grad(), x.sum(0).expand({3, 4})));
 }
@@ -221,7 +221,7 @@ TEST(ActivationCheckpoint, RecomputeReplaysRandomness) {
   torch::nn::Dropout dropout(0.5);
   auto x = torch::ones({64}, torch::requires_grad());
   torch::manual_seed(3);
-  auto out = tdist::fsdp::checkpoint(dropout, x);
+  auto out = tdist::fsdp::checkpointed_forward(dropout, x);
   torch::rand({10});  // the RNG moves on before backward
   out.sum().backward();
   // Same mask in forward and recompute: the gradient is 2 exactly where the output is.

@@ -8,25 +8,22 @@
 #include <ATen/ATen.h>
 
 #include "fsdp/buffer_pool.h"
+#include "fsdp/environment.h"
+#include "support/scoped_env.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 
 namespace tdist::fsdp::detail {
 namespace {
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() { had_ ? (void)::setenv(name_, old_.c_str(), 1) : (void)::unsetenv(name_); }
+using tdist::testing::ScopedEnv;
 
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
+bool persistent_buffers_from_env() {
+  return FSDPEnvironment::from_env().persistent_buffers;
+}
+bool symmetric_buffers_from_env() {
+  return FSDPEnvironment::from_env().symmetric_buffers;
+}
 
 // `read` raises InvalidArgument naming the variable and its value while `name` is `value`.
 void expect_malformed_value_raises(const char* name, const char* value, bool (*read)()) {
@@ -43,15 +40,16 @@ void expect_malformed_value_raises(const char* name, const char* value, bool (*r
 TEST(PersistentBuffers, OnByDefaultOffWithZeroAndAnythingElseRaises) {
   {
     ScopedEnv on("TDIST_FSDP_PERSISTENT_BUFFERS", "1");
-    EXPECT_TRUE(persistent_buffers_enabled());
+    EXPECT_TRUE(persistent_buffers_from_env());
   }
   {
     ScopedEnv off("TDIST_FSDP_PERSISTENT_BUFFERS", "0");
-    EXPECT_FALSE(persistent_buffers_enabled());
+    EXPECT_FALSE(persistent_buffers_from_env());
   }
-  expect_malformed_value_raises("TDIST_FSDP_PERSISTENT_BUFFERS", "yes", persistent_buffers_enabled);
+  expect_malformed_value_raises("TDIST_FSDP_PERSISTENT_BUFFERS", "yes",
+                                persistent_buffers_from_env);
   if (std::getenv("TDIST_FSDP_PERSISTENT_BUFFERS") == nullptr) {
-    EXPECT_TRUE(persistent_buffers_enabled());
+    EXPECT_TRUE(persistent_buffers_from_env());
   }
 }
 
@@ -116,15 +114,15 @@ TEST(SymmetricBlocks, TheKindAskedForAndNeverTheOther) {
 TEST(SymmetricBlocks, SwitchOnByDefaultOffWithZeroAndAnythingElseRaises) {
   {
     ScopedEnv on("TDIST_FSDP_SYMMETRIC", "1");
-    EXPECT_EQ(symmetric_blocks_enabled(), symmetric_memory::is_available());
+    EXPECT_EQ(symmetric_buffers_from_env(), symmetric_memory::is_available());
   }
   {
     ScopedEnv off("TDIST_FSDP_SYMMETRIC", "0");
-    EXPECT_FALSE(symmetric_blocks_enabled());
+    EXPECT_FALSE(symmetric_buffers_from_env());
   }
-  expect_malformed_value_raises("TDIST_FSDP_SYMMETRIC", "on", symmetric_blocks_enabled);
+  expect_malformed_value_raises("TDIST_FSDP_SYMMETRIC", "on", symmetric_buffers_from_env);
   if (std::getenv("TDIST_FSDP_SYMMETRIC") == nullptr) {
-    EXPECT_EQ(symmetric_blocks_enabled(), symmetric_memory::is_available());
+    EXPECT_EQ(symmetric_buffers_from_env(), symmetric_memory::is_available());
   }
 }
 

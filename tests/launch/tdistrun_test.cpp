@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "launch/run_process.h"
-#include "util/openblas_core.h"
+#include "tdist/util/openblas_core.h"
 
 namespace tdist::launch::testing {
 namespace {

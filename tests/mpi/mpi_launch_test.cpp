@@ -7,9 +7,14 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "mpi/mpi_environment.h"
 #include "support/ranks.h"
+#include "support/scoped_env.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -52,6 +57,53 @@ TEST(MpiLaunch, CheckPassesUnderMpirunOrAtWorldOne) {
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   if (!mpi::launched_by_mpirun()) {
     EXPECT_THROW(mpi::check_mpi_launch(1, 2), InvalidArgument);
+  }
+}
+
+// The backend's variables are parsed together (MPIEnvironment): unset ones keep the
+// defaults, set ones are taken, and a malformed one raises naming the variable and value.
+TEST(MpiEnvironment, ParsesEveryVariableAndRefusesMalformedValues) {
+  using mpi::detail::MPIEnvironment;
+  const char* names[] = {"TDIST_MPI_SHM",
+                         "TDIST_MPI_SHM_MIN_BYTES",
+                         "TDIST_MPI_SHM_MAX_BYTES",
+                         "TDIST_MPI_SHM_PIECE_BYTES",
+                         "TDIST_MPI_SHM_INLINE",
+                         "TDIST_MPI_SHM_CMA",
+                         "TDIST_MPI_SHM_CMA_MIN_BYTES",
+                         "TDIST_MPI_SHM_CMA_MAX_BYTES",
+                         "TDIST_MPI_DIRECT_MIN_BYTES"};
+  std::vector<std::unique_ptr<ScopedEnv>> unset;
+  for (const char* name : names) unset.push_back(std::make_unique<ScopedEnv>(name, nullptr));
+  const MPIEnvironment defaults = MPIEnvironment::from_env();
+  EXPECT_TRUE(defaults.shared_memory);
+  EXPECT_EQ(defaults.piece_bytes, int64_t(256) << 10);
+  EXPECT_EQ(defaults.direct_min_bytes, int64_t(64) << 10);
+  EXPECT_EQ(defaults.peer_read_max_bytes, int64_t(16) << 20);
+  {
+    ScopedEnv shm("TDIST_MPI_SHM", "0");
+    ScopedEnv piece("TDIST_MPI_SHM_PIECE_BYTES", "5000");  // rounded up to 4 KiB
+    ScopedEnv direct("TDIST_MPI_DIRECT_MIN_BYTES", "-1");
+    ScopedEnv cma("TDIST_MPI_SHM_CMA", "0");
+    const MPIEnvironment set = MPIEnvironment::from_env();
+    EXPECT_FALSE(set.shared_memory);
+    EXPECT_EQ(set.piece_bytes, 8192);
+    EXPECT_EQ(set.direct_min_bytes, -1);
+    EXPECT_FALSE(set.peer_reads);
+  }
+  const std::pair<const char*, const char*> malformed[] = {{"TDIST_MPI_SHM", "yes"},
+                                                           {"TDIST_MPI_SHM_MAX_BYTES", "16M"},
+                                                           {"TDIST_MPI_DIRECT_MIN_BYTES", "-2"}};
+  for (const auto& [name, value] : malformed) {
+    ScopedEnv bad(name, value);
+    try {
+      MPIEnvironment::from_env();
+      ADD_FAILURE() << name << "='" << value << "' was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(name) + "='" + value + "'"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -68,7 +68,9 @@ bool may_read_plain_tensors_across_processes() {
   return kernel_allows_cross_process_reads();
 }
 bool reads_plain_tensors_across_processes(int64_t bytes, bool all_reduce) {
-  return tdist::mpi::detail::peer_read_window(all_reduce).contains(bytes) &&
+  return tdist::mpi::detail::peer_read_window(tdist::mpi::detail::MPIEnvironment::from_env(),
+                                              all_reduce)
+             .contains(bytes) &&
          may_read_plain_tensors_across_processes();
 }
 

@@ -10,6 +10,7 @@
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
 #include "support/expect.h"
+#include "support/scoped_env.h"
 #include "tdist/comm/backend.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -85,12 +86,7 @@ TEST(NcclDeviceChoice, BadChoicesNameTheProblemAndTheFix) {
   EXPECT_NE(what.find("LOCAL_RANK='-1'"), std::string::npos) << what;
 }
 
-/// Sets one environment variable for a scope.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  const char* name_;
-};
+using tdist::testing::ScopedEnv;
 
 TEST(NcclOptions, TheEnvironmentAsC10dReadsIt) {
   {

@@ -19,12 +19,20 @@
 //    (MPI), treat these tensors as ordinary ones.
 //  - The memory counts against /dev/shm; empty() raises DistBackendError when it is full.
 
+#include <cstddef>
+
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 namespace tdist::symmetric_memory {
 
 /// An uninitialised CPU tensor of `sizes` in symmetric memory (options: dtype; CPU only).
 at::Tensor empty(at::IntArrayRef sizes, at::TensorOptions options = {});
+
+/// `bytes` (at least one page) of symmetric memory, owned by the returned pointer, for callers
+/// that build storages themselves (FSDP's buffer pool); raises DistBackendError when /dev/shm
+/// cannot hold them.
+at::DataPtr allocate(size_t bytes);
 
 /// True when `t`'s bytes lie inside one symmetric-memory allocation of this process.
 bool is_symmetric(const at::Tensor& t);

@@ -1,13 +1,14 @@
 #pragma once
 
-// Activation checkpointing of a (sharded) module: tdist::fsdp::checkpoint(block, x) is
-// tdist::fsdp::forward(block, x) that keeps no activations of the block; its backward runs
+// Activation checkpointing of a (sharded) module: tdist::fsdp::checkpointed_forward(block, x)
+// is tdist::fsdp::forward(block, x) that keeps no activations of the block; its backward runs
 // the block's forward again, with grad, and backpropagates through it.
 //
-//   for (auto& block : blocks) x = tdist::fsdp::checkpoint(block, x);  // was: forward(block, x)
+//   for (auto& block : blocks) x = tdist::fsdp::checkpointed_forward(block, x);  // was: forward
 //
-// Named after torch.utils.checkpoint.checkpoint(function, *args): a call-site wrapper, as
-// tdist::fsdp::forward is (LibTorch modules have no hooks a checkpoint_wrapper could use).
+// torch.utils.checkpoint.checkpoint(function, *args) as a call-site wrapper, as
+// tdist::fsdp::forward is (LibTorch modules have no hooks a checkpoint_wrapper could use). Not
+// called `checkpoint`: that is the distributed-checkpoint area (tdist::checkpoint).
 //
 // Composition with FSDP (as PyTorch's FSDP(checkpoint_wrapper(block))): FSDP's hooks sit
 // outside the checkpoint. Forward: pre-forward unshards, the block runs without saving
@@ -74,7 +75,7 @@ const T& substitute(const std::vector<at::Tensor>&, size_t&, const T& value) {
 /// tdist::fsdp::forward(module, args...) with activation checkpointing (see above).
 /// Non-tensor arguments are copied and passed again to the recompute.
 template <class M, class... Args>
-auto checkpoint(M& module, Args&&... args) {
+auto checkpointed_forward(M& module, Args&&... args) {
   if (!detail::grad_mode_enabled())
     return tdist::fsdp::forward(module, std::forward<Args>(args)...);
   using Output = std::decay_t<decltype(module->forward(std::forward<Args>(args)...))>;
@@ -114,6 +115,13 @@ auto checkpoint(M& module, Args&&... args) {
   size_t put = 0;
   Out::put_back(outputs, put, result);
   return result;
+}
+
+/// The earlier name of checkpointed_forward.
+template <class M, class... Args>
+[[deprecated("renamed tdist::fsdp::checkpointed_forward")]] auto checkpoint(M& module,
+                                                                            Args&&... args) {
+  return checkpointed_forward(module, std::forward<Args>(args)...);
 }
 
 }  // namespace tdist::fsdp

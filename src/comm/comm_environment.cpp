@@ -1,0 +1,82 @@
+#include "comm/comm_environment.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "tdist/error.h"
+
+namespace tdist::detail {
+
+namespace {
+
+const char* env_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+bool parse_debug_level(const char* name, const char* value) {
+  std::string level(value);
+  std::transform(level.begin(), level.end(), level.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  if (level == "DETAIL") return true;
+  if (level == "OFF" || level == "INFO") return false;
+  TDIST_THROW(InvalidArgument,
+              std::string(name) + "='" + value + "' is not a debug level; use OFF, INFO or DETAIL");
+}
+
+long long count(const char* name, const char* value) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(value, &end, 10);
+  TDIST_CHECK_ARG(errno == 0 && end != value && *end == '\0' && n >= 0,
+                  std::string(name) + "='" + value + "' is not a count >= 0");
+  return n;
+}
+
+std::mutex& mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::optional<CommEnvironment>& current() {
+  static std::optional<CommEnvironment> env;
+  return env;
+}
+
+}  // namespace
+
+CommEnvironment CommEnvironment::from_env() {
+  CommEnvironment env;
+  if (const char* v = env_value("TDIST_DEBUG")) {
+    env.debug_detail = parse_debug_level("TDIST_DEBUG", v);
+  } else if (const char* torch = env_value("TORCH_DISTRIBUTED_DEBUG")) {
+    env.debug_detail = parse_debug_level("TORCH_DISTRIBUTED_DEBUG", torch);
+  }
+  if (const char* v = env_value("TDIST_FLIGHT_RECORDER_SIZE")) {
+    env.flight_recorder_size = static_cast<size_t>(count("TDIST_FLIGHT_RECORDER_SIZE", v));
+  }
+  if (const char* v = env_value("TDIST_FLIGHT_RECORDER_DIR")) env.flight_recorder_dir = v;
+  if (const char* v = env_value("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS")) {
+    env.report_wait = std::chrono::milliseconds(count("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS", v));
+  }
+  return env;
+}
+
+CommEnvironment comm_environment() {
+  std::lock_guard<std::mutex> lock(mutex());
+  if (!current()) current() = CommEnvironment::from_env();
+  return *current();
+}
+
+CommEnvironment reload_comm_environment() {
+  CommEnvironment env = CommEnvironment::from_env();
+  std::lock_guard<std::mutex> lock(mutex());
+  current() = env;
+  return env;
+}
+
+}  // namespace tdist::detail

@@ -1,0 +1,37 @@
+#pragma once
+
+// Sets (or unsets) one environment variable for a scope and puts back what was there.
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace tdist::testing {
+
+class ScopedEnv {
+ public:
+  /// `value` null: unset for the scope.
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace tdist::testing
