@@ -25,10 +25,10 @@ Executor& Executor::instance() {
 
 Executor::Executor() {
   // Note [Executor start-up]: the start-up handshake lives on the heap, shared by both
-  // threads. It used to be locals of this constructor captured by reference, and the
-  // thread read the error slot after notifying: once the constructor had returned, that
-  // read hit a dead stack frame, and a non-null garbage "error" made the thread exit
-  // without running loop(), so the first MPI op hung forever (bench_collectives --mpi).
+  // threads, not in this constructor's frame: the thread reads the error slot after
+  // notifying, when the constructor may already have returned. A read of a dead frame can
+  // see a non-null garbage "error", and the thread would exit without running loop(),
+  // leaving the first MPI op to hang.
   struct Startup {
     std::mutex mutex;
     std::condition_variable cv;
