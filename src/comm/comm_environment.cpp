@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 
 #include "tdist/error.h"
+#include "tdist/util/env.h"
 
 namespace tdist::detail {
 
@@ -26,15 +26,6 @@ bool parse_debug_level(const char* name, const char* value) {
   if (level == "OFF" || level == "INFO") return false;
   TDIST_THROW(InvalidArgument,
               std::string(name) + "='" + value + "' is not a debug level; use OFF, INFO or DETAIL");
-}
-
-long long count(const char* name, const char* value) {
-  char* end = nullptr;
-  errno = 0;
-  const long long n = std::strtoll(value, &end, 10);
-  TDIST_CHECK_ARG(errno == 0 && end != value && *end == '\0' && n >= 0,
-                  std::string(name) + "='" + value + "' is not a count >= 0");
-  return n;
 }
 
 std::mutex& mutex() {
@@ -56,12 +47,13 @@ CommEnvironment CommEnvironment::from_env() {
   } else if (const char* torch = env_value("TORCH_DISTRIBUTED_DEBUG")) {
     env.debug_detail = parse_debug_level("TORCH_DISTRIBUTED_DEBUG", torch);
   }
-  if (const char* v = env_value("TDIST_FLIGHT_RECORDER_SIZE")) {
-    env.flight_recorder_size = static_cast<size_t>(count("TDIST_FLIGHT_RECORDER_SIZE", v));
+  if (auto n = util::env_integer("TDIST_FLIGHT_RECORDER_SIZE", 0, "a count >= 0")) {
+    env.flight_recorder_size = static_cast<size_t>(*n);
   }
   if (const char* v = env_value("TDIST_FLIGHT_RECORDER_DIR")) env.flight_recorder_dir = v;
-  if (const char* v = env_value("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS")) {
-    env.report_wait = std::chrono::milliseconds(count("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS", v));
+  if (auto ms = util::env_integer("TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS", 0,
+                                  "a number of milliseconds >= 0")) {
+    env.report_wait = std::chrono::milliseconds(*ms);
   }
   return env;
 }

@@ -1,11 +1,11 @@
 #include "mpi/mpi_environment.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <string>
 
 #include "tdist/error.h"
+#include "tdist/util/env.h"
 
 namespace tdist::mpi::detail {
 
@@ -21,15 +21,8 @@ void read_switch(const char* name, bool& value) {
 }
 
 void read_bytes(const char* name, int64_t& value) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return;
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(env, &end, 10);
-  TDIST_CHECK_ARG(errno == 0 && end != env && *end == '\0' && parsed >= -1,
-                  std::string(name) + "='" + env +
-                      "': expected a number of bytes (an integer, or -1 where no limit)");
-  value = parsed;
+  value = util::env_integer(name, -1, "a number of bytes (an integer, or -1 where no limit)")
+              .value_or(value);
 }
 
 }  // namespace
