@@ -10,12 +10,10 @@
 // cross-rank check, the timeouts and the dead-peer watchdog are those of the TCP path, and a
 // mismatch still raises DistBackendError on every rank instead of aborting.
 //
-// Each collective copies this rank's input into its own segment, announces it in the header
-// handshake, then reads the peers' segments directly: all_gather copies every rank's block,
-// reduce_scatter reduces its block from every segment, broadcast copies the root's and
-// all_to_all its block of every segment (one synchronisation each); all_reduce
-// is a reduce-scatter then an all-gather through the segments (one more notification), see
-// shm_all_reduce.
+// The collectives themselves are the same-host engine's (Note [Same-host collectives] in
+// tdist/comm/engine/same_host.h), each one piece: a rank copies what its peers need into its
+// segment, announces the segment in the header handshake (its arrival), then reads the peers'
+// segments directly; a later phase (all_reduce's "chunk reduced") is a flag notification.
 //
 // Each rank owns one segment split in two halves; shared-memory collective number m uses half
 // m % 2. A rank writes half m % 2 only at the start of collective m; peers read it during
@@ -85,7 +83,7 @@ class ShmArena {
   // order, so the numbers agree (compared modulo 2^32). Waiters spin only briefly, then sleep
   // on the futex: ranks often outnumber cores, and a spinning waiter would take the core from
   // the very peer it waits for. A rank that never arrives is caught by the waiter's deadline
-  // and dead-peer probe (shm_notify_all).
+  // and dead-peer probe (wait_for_notification in same_host_channel.h).
   /// Publishes this rank's next notification; returns its number.
   uint32_t arrive();
   /// `peer`'s latest notification number.
@@ -93,8 +91,11 @@ class ShmArena {
   /// Sleeps until `peer`'s flag may have moved from `seen`, at most `timeout`.
   void sleep_on(int peer, uint32_t seen, std::chrono::microseconds timeout) const;
 
-  /// Mappings of the peers' symmetric-memory tensors (symmetric_collectives.h).
+  /// Mappings of the peers' symmetric-memory tensors (Note [Symmetric path] in
+  /// shm_collectives.cpp).
   SymmetricMappings& symmetric() { return symmetric_; }
+  /// Scratch block i (0..2) of the same-host engine's folds, kept across collectives.
+  std::vector<char>& scratch(int i) { return scratch_[i]; }
 
  private:
   ShmArena(int rank, int size, size_t max_bytes);
@@ -121,6 +122,7 @@ class ShmArena {
   std::vector<Announced> to_unlink_;
   std::string error_;
   SymmetricMappings symmetric_;
+  std::vector<char> scratch_[3];
   char* probe_ = nullptr;                 // this rank's probe page (its flag)
   std::vector<const char*> peer_probes_;  // the peers' probe pages (their flags)
   uint32_t notified_ = 0;

@@ -1,13 +1,13 @@
 #pragma once
 
 // all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast and even-split
-// all_to_all_single over the same-host shared-memory arena (Note [Shared-memory path] in
-// shm.h). Each runs the header handshake itself (announcing its segment), so callers do not.
-// Each returns true when done, or false when some rank could not get shared memory for it
-// (Note [Falling back to TCP] in shm_collectives.cpp): the handshake has run, and the caller
-// moves the data over TCP.
+// all_to_all_single over the same-host arena (Note [Shared-memory path] in shm.h), run by the
+// same-host engine (tdist/comm/engine/same_host.h) through a GlooSameHostChannel. Each runs
+// the header handshake itself (announcing its segment), so callers do not. Each returns true
+// when done, or false when some rank could not get shared memory for it (Note [Falling back
+// to TCP] in same_host_channel.cpp): the handshake has run, and the caller moves the data
+// over TCP.
 
-#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -18,10 +18,6 @@
 #include "tdist/comm/types.h"
 
 namespace tdist::detail {
-
-/// Tells every peer this rank is past the current phase and waits until every peer is
-/// (Note [Flag notifications] in shm.h).
-void shm_notify_all(Exchange& ex, ShmArena& arena);
 
 /// In place; any dtype/layout the Gloo engine takes (reduced in the accumulation dtype).
 bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& tensor, ReduceOp op);

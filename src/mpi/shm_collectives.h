@@ -4,55 +4,28 @@
 // (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) has the group's size), all_reduce,
 // reduce_scatter_tensor and all_gather_into_tensor move their data through shared memory
 // the ranks map, instead of MPI messages: no MPI call, no rendezvous, no message matching,
-// and each byte copied once into and once out of the staging area.
+// and each byte copied once into and once out of the staging area. The ops are the
+// same-host engine's (Note [Same-host collectives] in tdist/comm/engine/same_host.h); this
+// backend gives it a channel (MpiSameHostChannel in the .cpp) over a ShmWindow.
 //
 // Staging: each rank owns one POSIX shared-memory segment (created and mapped by every peer
 // when the backend is built, a collective step, then unlinked so nothing outlives the
 // processes; destruction only unmaps, so it never waits for a peer). A segment holds a
-// header (two sequence-number flags, each on its own cache lines) and two halves of
-// kPieceBytes (TDIST_MPI_SHM_PIECE_BYTES, default 256 KiB) each. Ops larger than a half run
-// as consecutive pieces, so the segments never grow (growing would be a collective step
-// inside an op); every piece takes the next sequence number of the communicator and uses
-// half (seq % 2).
-//
-// One piece (n ranks, this rank r, seq s):
-//   all_reduce:     copy the chunks j != r of the piece into my half; arrived[r] = s; for
-//                   k = 0..n-1 in rank order (waiting for arrived[k] >= s) accumulate chunk
-//                   r into my own chunk slot (unused by the copy-in); reduced[r] = s; copy
-//                   every rank's reduced chunk (waiting for reduced[k] >= s) to the output.
-//   reduce_scatter: copy the chunks j != r of the piece into my half; arrived[r] = s; the
-//                   output piece = the contributions of ranks 0..n-1 in rank order.
-//   all_gather:     copy my input piece into my half; arrived[r] = s; copy each rank's half
-//                   into its place in the output.
-// Every element of a reduction is computed by one rank, in rank order, and copied to the
-// others, so all ranks get bitwise-equal results, equal to a left fold over ranks. half and
-// bfloat16 arrive staged in fp32 (mpi_types.h), so they accumulate in fp32.
+// header (two sequence-number flags, `arrived` and `reduced`, each on its own cache lines,
+// and two announcement slots) and two halves of TDIST_MPI_SHM_PIECE_BYTES (default 256 KiB)
+// each. Ops larger than a half run as consecutive pieces, so the segments never grow
+// (growing would be a collective step inside an op); every piece takes the next sequence
+// number of the communicator and uses half (seq % 2). half and bfloat16 arrive staged in
+// fp32 (mpi_types.h), so they accumulate in fp32; AVG folds as SUM and divides at the end.
 //
 // Note [Symmetric tensors over MPI shared memory]: when the tensor peers need lives in
 // symmetric memory on every rank (tdist/comm/symmetric_memory.h: all_reduce's buffer,
-// all_gather's input or output, reduce_scatter's input), an op is one step with no staging:
-// each rank announces (allocation, offset) in its segment header, peers map that allocation
-// (cached, SymmetricMappings) and read straight from it:
-//   all_gather:     arrived[r] = s announcing my input (or, when only the output is
-//                   symmetric, my block r of it, filled first); copy my input into block r;
-//                   copy each rank k's announced block into block k. Reading the input
-//                   spares the peers lines this rank has just written, which are what costs
-//                   most to move between cores.
-//   reduce_scatter: arrived[r] = s; my output = block r of every rank's input, folded in
-//                   rank order (bitwise equal to the staged path's result).
-// Both then set reduced[r] = s and wait for every peer's, so no peer reads a rank's tensor
-// after that rank returns.
-//   all_reduce:     arrived[r] = s; chunk r of every rank's tensor folded in rank order
-//                   into my chunk r; reduced[r] = s; for each k
-//                   (waiting for reduced[k] >= s: k's chunk is reduced and k no longer reads
-//                   mine) copy chunk k of rank k's tensor into mine; arrived[r] = s + 1 (the
-//                   op takes two numbers) and wait for every peer's.
-// That halves what a rank copies in an all_gather at world 2 (its block and the peer's,
-// against the staged path's copy-in as well), and an all_reduce drops the copy-in. Every op,
-// staged ones included, announces whether it reads peers directly before `arrived`, so ranks
-// that disagree on the path raise DistBackendError at once instead of reading a half nobody
-// wrote. The reductions fold in blocks of 256 KiB (rank order, bitwise equal to the staged
-// path).
+// all_gather's input or output, reduce_scatter's input), an op is one direct step with no
+// staging: each rank announces (allocation, offset) in its segment header, peers map that
+// allocation (cached, SymmetricMappings) and read straight from it. That halves what a rank
+// copies in an all_gather at world 2, and an all_reduce drops the copy-in. Every op, staged
+// ones included, announces whether it reads peers directly, so ranks that disagree on the
+// path raise DistBackendError at once instead of reading a half nobody wrote.
 //
 // Note [Plain tensors read across processes]: a tensor in ordinary memory takes the same
 // one-step path when the kernel lets the ranks read each other's memory
@@ -67,12 +40,10 @@
 // Symmetric and plain tensors then mix freely in one op (each read takes what its owner
 // announced).
 //
-// Flags are written with release and read with acquire atomics. Reuse is safe without a
-// final sync: a rank writes half h again at piece s + 2 only after finishing piece s + 1,
-// which needed every peer's arrived >= s + 1, which each peer sets only after finishing
-// piece s (all its reads of half h). That argument needs the pieces of a communicator to run
-// one at a time, in issue order: the executor runs a shared-memory op only after every
-// earlier collective of its communicator completed (Note [Executor lanes]).
+// Flags are written with release and read with acquire atomics. The engine's reuse argument
+// needs the pieces of a communicator to run one at a time, in issue order: the executor runs
+// a shared-memory op only after every earlier collective of its communicator completed (Note
+// [Executor lanes]).
 //
 // Waiting never blocks for long: a poll spins for at most ~2 us, then returns so the thread
 // running it can progress other ops and yield the core (ranks may be oversubscribed; longer
@@ -171,11 +142,6 @@ class ShmWindow {
   std::vector<pid_t> pids_;  // every rank's process id; empty: no cross-process reads
   std::vector<char> fold_scratch_[3];
 };
-
-/// Copies `bytes` from address `remote` of process `pid` (rank `peer`) into `local`
-/// (process_vm_readv); raises DistBackendError naming the rank and the system error.
-void read_peer_memory(pid_t pid, int peer, uint64_t remote, void* local, size_t bytes,
-                      const std::string& description);
 
 /// The op sizes (bytes of the larger of input and output) whose plain tensors peers read
 /// across processes (Note [Plain tensors read across processes]):

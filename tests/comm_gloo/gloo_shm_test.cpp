@@ -4,11 +4,14 @@
 // halves correctly across many back-to-back and interleaved collectives, and mismatches
 // still raise on every rank.
 
+#include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "comm_gloo/gloo_test_util.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 
 namespace tdist::testing {
@@ -234,6 +237,74 @@ TEST(GlooShmOptions, EnvironmentTurnsItOff) {
   ::setenv("TDIST_GLOO_SHM", "1", 1);
   EXPECT_TRUE(gloo_options_from_env().shared_memory());
   ::unsetenv("TDIST_GLOO_SHM");
+}
+
+// Note [Same-host collectives] in tdist/comm/engine/same_host.h: every element of a
+// shared-memory reduction is folded by one rank in rank order, so every rank's result is
+// bitwise ((x0 op x1) op x2) ... : staged, through a working copy (non-contiguous; bfloat16
+// accumulating in float32) and on symmetric tensors.
+at::Tensor fold_input(int rank, int64_t numel) {
+  return at::randn({numel}, at::detail::createCPUGenerator(300 + rank)) *
+         std::pow(10.0, rank % 3 * 3);
+}
+
+at::Tensor left_fold(int n, int64_t numel) {
+  at::Tensor acc = fold_input(0, numel) + fold_input(1, numel);
+  for (int p = 2; p < n; ++p) acc = acc + fold_input(p, numel);
+  return acc;
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor x = a.contiguous(), y = b.contiguous();
+  return x.scalar_type() == y.scalar_type() && x.numel() == y.numel() &&
+         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+TEST(GlooShmFold, ReductionsAreTheRankOrderLeftFoldBitwise) {
+  for (int world : {2, 3, 4}) {
+    run_gloo(
+        world,
+        [&](GlooBackend& b, int rank, int n) {
+          ASSERT_TRUE(b.uses_shared_memory());
+          for (int64_t numel : {int64_t(7), int64_t(100003)}) {
+            const std::string what =
+                "world " + std::to_string(n) + ", " + std::to_string(numel) + " elements";
+            const at::Tensor expected = left_fold(n, numel);
+            at::Tensor plain = fold_input(rank, numel);
+            b.all_reduce(plain, {})->wait();
+            EXPECT_TRUE(bitwise_equal(plain, expected)) << "all_reduce, " << what;
+
+            at::Tensor strided = at::empty({numel, 2});
+            strided.select(1, 0).copy_(fold_input(rank, numel));
+            at::Tensor column = strided.select(1, 0);
+            b.all_reduce(column, {})->wait();
+            EXPECT_TRUE(bitwise_equal(column, expected)) << "non-contiguous all_reduce, " << what;
+
+            at::Tensor bf16 = fold_input(rank, numel).to(at::kBFloat16);
+            b.all_reduce(bf16, {})->wait();
+            at::Tensor bf16_expected;
+            for (int p = 0; p < n; ++p) {
+              at::Tensor x = fold_input(p, numel).to(at::kBFloat16).to(at::kFloat);
+              bf16_expected = p == 0 ? x : bf16_expected + x;
+            }
+            EXPECT_TRUE(bitwise_equal(bf16, bf16_expected.to(at::kBFloat16)))
+                << "bfloat16 all_reduce, " << what;
+
+            at::Tensor in = fold_input(rank, numel * n);
+            at::Tensor out = at::empty({numel});
+            b.reduce_scatter_tensor(out, in, {})->wait();
+            at::Tensor block_expected = left_fold(n, numel * n).narrow(0, rank * numel, numel);
+            EXPECT_TRUE(bitwise_equal(out, block_expected)) << "reduce_scatter_tensor, " << what;
+
+            if (!symmetric_memory::is_available()) continue;
+            at::Tensor symm = symmetric_memory::empty({numel}, at::kFloat);
+            symm.copy_(fold_input(rank, numel));
+            b.all_reduce(symm, {})->wait();
+            EXPECT_TRUE(bitwise_equal(symm, expected)) << "symmetric all_reduce, " << what;
+          }
+        },
+        with_shm(true));
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Symmetric memory (include/tdist/comm/symmetric_memory.h) and the Gloo engine's symmetric
-// path (src/gloo/symmetric_collectives.h): tensors allocated there give the expected
+// path (Note [Symmetric path] in src/gloo/shm_collectives.cpp): tensors allocated there give the expected
 // results for every dtype and op, as views at different offsets on different ranks,
 // interleaved with staged collectives; all_gather reads a symmetric input or output, whichever
 // each rank has; a mix of symmetric and plain tensors raises on every rank; freed allocations leave

@@ -15,6 +15,7 @@
 #include "mpi/mpi_world.h"
 #include "mpi/reduce_locally.h"
 #include "mpi/shm_collectives.h"
+#include "tdist/comm/engine/peer_memory.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
@@ -489,8 +490,8 @@ TEST(MPIShm, AFailedReadAcrossProcessesNamesThePeer) {
   const bool allowed = kernel_allows_cross_process_reads();  // (else EPERM, not EFAULT)
   char buffer[64] = {};
   try {
-    tdist::mpi::detail::read_peer_memory(getpid(), 7, /*remote=*/8, buffer, sizeof buffer,
-                                         "rank 0: all_gather_into_tensor");
+    tdist::detail::read_peer_memory(getpid(), 7, /*remote=*/8, buffer, sizeof buffer,
+                                    "mpi: rank 0: all_gather_into_tensor");
     FAIL() << "expected DistBackendError";
   } catch (const tdist::DistBackendError& e) {
     const std::string what = e.what();
