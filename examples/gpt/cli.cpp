@@ -136,6 +136,12 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
       ->check(CLI::IsMember({"auto", "single", "ddp", "fsdp"}))
       ->capture_default_str()
       ->group(par);
+  app.add_option("--device", c.device,
+                 "cpu, cuda or auto (auto: cuda when there is a GPU per rank; NCCL between "
+                 "ranks)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str()
+      ->group(par);
   app.add_option("--deferred-init", c.deferred_init,
                  "Build on the meta device, each rank initialising only its shards under fsdp; "
                  "per-module seeds (true/false)")

@@ -57,6 +57,8 @@ void TrainConfig::validate() const {
         "--grad-clip must be >= 0 (0 disables clipping), got " + std::to_string(grad_clip));
   check(mixed_precision == "none" || mixed_precision == "bf16",
         "--mixed-precision must be 'none' or 'bf16', got '" + mixed_precision + "'");
+  check(device == "cpu" || device == "cuda" || device == "auto",
+        "--device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
   check(val_fraction > 0.0 && val_fraction < 0.5,
         "--val-fraction must be in (0, 0.5), got " + std::to_string(val_fraction));
   check(eval_interval >= 0, "--eval-interval must be >= 0, got " + std::to_string(eval_interval));
@@ -100,6 +102,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"eval_interval", c.eval_interval},
       {"eval_batches", c.eval_batches},
       {"mode", to_string(c.mode)},
+      {"device", c.device},
       {"nproc", c.nproc},
       {"deferred_init", c.deferred_init},
       {"name", c.name},

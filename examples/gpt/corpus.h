@@ -36,6 +36,8 @@ class Corpus {
 struct Batch {
   torch::Tensor x;  // [B, T] int64 inputs
   torch::Tensor y;  // [B, T] int64 targets (x shifted by one)
+  /// The batch on `device` (itself when it is there already).
+  Batch to(const torch::Device& device) const { return {x.to(device), y.to(device)}; }
 };
 
 /// Draws random windows of block_size + 1 tokens. Each optimizer step has one global batch

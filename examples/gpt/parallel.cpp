@@ -157,7 +157,7 @@ class FsdpParallel : public Parallel {
   double clip_grad_norm(double max_norm) override {
     // The shards are disjoint: the squared norm is the sum over ranks of the local ones.
     std::vector<torch::Tensor> grads;
-    auto sq = torch::zeros({1}, torch::kDouble);
+    auto sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(world_.device));
     for (auto& p : model_->parameters()) {
       if (!p.grad().defined()) continue;
       grads.push_back(p.grad());

@@ -86,13 +86,13 @@ double evaluate(Parallel& parallel, const BatchSampler& val_sampler, const Train
                 const World& world, Tracer& tracer) {
   TraceSpan span(tracer, "validation", "eval");
   torch::NoGradGuard no_grad;
-  AutocastGuard autocast(c.mixed_precision == "bf16");
+  AutocastGuard autocast(c.mixed_precision == "bf16", world.device.type());
   auto& model = parallel.model();
   const bool was_training = model->is_training();
   model->eval();
   double total = 0.0;
   for (int64_t i = 0; i < c.eval_batches; ++i) {
-    auto batch = val_sampler.get(/*step=*/0, /*micro_step=*/i);
+    auto batch = val_sampler.get(/*step=*/0, /*micro_step=*/i).to(world.device);
     total += cross_entropy(parallel.forward_eval(batch.x), batch.y).item<double>();
   }
   if (was_training) model->train();
@@ -167,16 +167,18 @@ GPT build_model(const TrainConfig& c) {
 
 // Deferred init: each module from its own seed (GPT-2's rule), this rank's shards only when
 // FSDP has sharded the model already.
-void materialize_model(GPT& model, const TrainConfig& c) {
+void materialize_model(GPT& model, const TrainConfig& c, const torch::Device& device) {
 #ifdef TDIST_GPT_WITH_FSDP
   const ModelConfig config = c.model;
-  tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(c.seed).init_fn(
-                                      [config](const std::string& name, torch::nn::Module& module) {
-                                        GPTImpl::init_module(config, name, module);
-                                      }));
+  tdist::fsdp::materialize(model,
+                           tdist::fsdp::MaterializeOptions().seed(c.seed).device(device).init_fn(
+                               [config](const std::string& name, torch::nn::Module& module) {
+                                 GPTImpl::init_module(config, name, module);
+                               }));
 #else
   (void)model;
   (void)c;
+  (void)device;
 #endif
 }
 
@@ -213,10 +215,12 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
 
   // Model: the same initialisation on every rank. Deferred init materialises after FSDP has
   // sharded the model (each rank then allocates its shards only), before DDP's broadcast.
+  // A model built whole moves to the device before FSDP shards it or DDP replicates it.
   GPT model = build_model(c);
-  if (c.deferred_init && mode != ParallelMode::kFsdp) materialize_model(model, c);
+  if (!c.deferred_init) model->to(world.device);
+  if (c.deferred_init && mode != ParallelMode::kFsdp) materialize_model(model, c, world.device);
   auto parallel = make_parallel(mode, model, world, tracer);
-  if (c.deferred_init && mode == ParallelMode::kFsdp) materialize_model(model, c);
+  if (c.deferred_init && mode == ParallelMode::kFsdp) materialize_model(model, c, world.device);
   auto optimizer = make_optimizer(*parallel, c);
   Checkpointer checkpointer(run_dir, world);
 
@@ -258,7 +262,8 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     out << "gpt: " << human_count(c.model.num_parameters()) << " parameters ("
         << c.model.to_string() << ")\n"
         << "     " << world.world_size << (world.world_size == 1 ? " rank" : " ranks") << ", mode "
-        << result.mode << ", " << torch::get_num_threads() << " thread(s) per rank\n"
+        << result.mode << ", " << world.device.str() << ", " << torch::get_num_threads()
+        << " thread(s) per rank\n"
         << "data: " << corpus.path() << " (" << human_count(corpus.size_bytes())
         << " bytes: " << human_count(corpus.train().numel()) << " train / "
         << human_count(corpus.val().numel()) << " val tokens)\n"
@@ -298,11 +303,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     set_learning_rate(*optimizer, lr);
     double loss_sum = 0.0;
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
-      auto batch = train_sampler.get(step, micro);
+      auto batch = train_sampler.get(step, micro).to(world.device);
       torch::Tensor loss;
       {
         TraceSpan span(tracer, "forward", "compute");
-        AutocastGuard autocast(c.mixed_precision == "bf16");
+        AutocastGuard autocast(c.mixed_precision == "bf16", world.device.type());
         const bool sync = micro == c.grad_accum - 1;
         loss = cross_entropy(parallel->forward(batch.x, sync), batch.y) /
                static_cast<double>(c.grad_accum);
@@ -439,7 +444,7 @@ int run_train_command(const TrainConfig& config, const std::vector<std::string>&
   const char* rank_env = std::getenv("RANK");
   const std::string rank = rank_env != nullptr && *rank_env != '\0' ? rank_env : "0";
   try {
-    World world = init_world(config.timeout_s);
+    World world = init_world(config.timeout_s, config.device);
     train(config, world, std::cout);
     shutdown_world(world);
     return 0;

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "gpt/device.h"
 #include "tdist/error.h"
 #ifdef TDIST_GPT_WITH_COMM
 #include "tdist/comm/distributed.h"
@@ -29,24 +30,28 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
-World init_world(int timeout_s) {
+World init_world(int timeout_s, const std::string& device) {
   World world;
   world.world_size = env_int("WORLD_SIZE", 1);
   world.rank = env_int("RANK", 0);
   world.local_rank = env_int("LOCAL_RANK", world.rank);
+  world.local_world_size = env_int("LOCAL_WORLD_SIZE", world.world_size);
   TDIST_CHECK_ARG(world.world_size >= 1,
                   "WORLD_SIZE must be >= 1, got " + std::to_string(world.world_size));
   TDIST_CHECK_ARG(world.rank >= 0 && world.rank < world.world_size,
                   "RANK=" + std::to_string(world.rank) +
                       " is outside [0, WORLD_SIZE=" + std::to_string(world.world_size) + ")");
+  world.device = resolve_device(device, world.local_rank, world.local_world_size);
   if (!world.distributed()) return world;
 #ifdef TDIST_GPT_WITH_COMM
-  tdist::init_process_group(tdist::InitProcessGroupOptions()
-                                .backend("gloo")
-                                .init_method("env://")
-                                .rank(world.rank)
-                                .world_size(world.world_size)
-                                .timeout(std::chrono::seconds(timeout_s)));
+  auto options = tdist::InitProcessGroupOptions()
+                     .backend(backend_for(world.device, tdist::is_nccl_available()))
+                     .init_method("env://")
+                     .rank(world.rank)
+                     .world_size(world.world_size)
+                     .timeout(std::chrono::seconds(timeout_s));
+  if (world.device.is_cuda()) options.device_id(world.device.str());
+  tdist::init_process_group(options);
 #else
   (void)timeout_s;
   TDIST_THROW(tdist::InvalidArgument,

@@ -4,7 +4,10 @@
 // (averaging a loss, gathering memory figures). World size 1 needs no process group.
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include <c10/core/Device.h>
 
 namespace gpt {
 
@@ -12,14 +15,18 @@ struct World {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;
+  c10::Device device = c10::Device(c10::kCPU);  ///< where this rank computes (--device)
   bool distributed() const { return world_size > 1; }
   bool is_main() const { return rank == 0; }
 };
 
-/// Reads RANK / WORLD_SIZE / LOCAL_RANK (set by tdistrun or by gpt's own spawner) and, with
-/// more than one rank, joins the default process group (env://, gloo). Throws
-/// tdist::InvalidArgument for inconsistent variables and when this build has no tdist::comm.
-World init_world(int timeout_s);
+/// Reads RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE (set by tdistrun or by gpt's own
+/// spawner), resolves `device` ("cpu", "cuda", "auto": gpt/device.h) and, with more than one
+/// rank, joins the default process group (env://; gloo, with nccl for CUDA tensors on CUDA,
+/// bound to the rank's GPU). Throws tdist::InvalidArgument for inconsistent variables, a
+/// device that cannot be had, and when this build has no tdist::comm.
+World init_world(int timeout_s, const std::string& device = "cpu");
 /// Leaves the process group (no-op for world size 1).
 void shutdown_world(const World& world);
 

@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "gpt/cli.h"
+#include "gpt/device.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 
 namespace {
@@ -39,6 +41,7 @@ TEST(GptCli, DefaultsTrain) {
   EXPECT_EQ(p.command.kind, gpt::Command::Kind::kTrain);
   EXPECT_EQ(p.command.train.nproc, 2);
   EXPECT_EQ(p.command.train.mode, gpt::ParallelMode::kAuto);
+  EXPECT_EQ(p.command.train.device, "auto");
   EXPECT_EQ(p.command.train.resolved_run_dir(), "runs/gpt");
   EXPECT_EQ(p.command.train.schedule.warmup_steps, 30);  // auto: 10% of 300, at most 30
   EXPECT_EQ(p.command.train.schedule.total_steps, 300);
@@ -81,6 +84,7 @@ TEST(GptCli, BadValuesGiveClearErrors) {
   expect_error({"--min-lr", "1", "--lr", "0.1"}, "--min-lr");
   expect_error({"--temperature", "0"}, "--temperature");
   expect_error({"--mixed-precision", "fp8"}, "--mixed-precision");
+  expect_error({"--device", "tpu"}, "--device");
   expect_error({"--no-such-flag"}, "--no-such-flag");
   expect_error({"--name", "a/b"}, "--name");
   expect_error({"generate"}, "--run-dir");
@@ -130,6 +134,30 @@ TEST(GptCli, BadConfigFilesGiveClearErrors) {
   std::ofstream(dir + "/bad_value.json") << R"({"steps": -3})";
   expect_error({"--config", dir + "/bad_value.json"}, "steps");
   expect_error({"--config", dir + "/missing.json"}, "missing.json");
+}
+
+// --device: the CPU always; auto takes the GPUs only when each local rank gets one (so the
+// ranks of a node agree); cuda refuses what it cannot have, naming the fix.
+TEST(GptDevice, ResolvesCpuAutoAndCuda) {
+  EXPECT_EQ(gpt::resolve_device("cpu", 0, 1), c10::Device(c10::kCPU));
+  EXPECT_THROW(gpt::resolve_device("gpu", 0, 1), tdist::InvalidArgument);
+  EXPECT_EQ(gpt::backend_for(c10::Device(c10::kCPU), true), "gloo");
+  EXPECT_EQ(gpt::backend_for(c10::Device(c10::kCUDA, 0), true), "cpu:gloo,cuda:nccl");
+  EXPECT_EQ(gpt::backend_for(c10::Device(c10::kCUDA, 0), false), "gloo");
+  if (!tdist::testing::has_gpu()) {
+    EXPECT_EQ(gpt::resolve_device("auto", 0, 1), c10::Device(c10::kCPU));
+    const std::string message = tdist::testing::error_of([] { gpt::resolve_device("cuda", 0, 1); });
+    EXPECT_NE(message.find("no CUDA GPU"), std::string::npos) << message;
+    EXPECT_NE(message.find("--device cpu"), std::string::npos) << message;
+    return;
+  }
+  const int gpus = static_cast<int>(at::getNumGPUs());
+  EXPECT_EQ(gpt::resolve_device("auto", 0, 1), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(gpt::resolve_device("cuda", gpus - 1, gpus), c10::Device(c10::kCUDA, gpus - 1));
+  EXPECT_EQ(gpt::resolve_device("auto", 0, gpus + 1), c10::Device(c10::kCPU));
+  const std::string message =
+      tdist::testing::error_of([&] { gpt::resolve_device("cuda", gpus, gpus + 1); });
+  EXPECT_NE(message.find("LOCAL_RANK=" + std::to_string(gpus)), std::string::npos) << message;
 }
 
 }  // namespace

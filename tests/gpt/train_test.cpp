@@ -15,6 +15,7 @@
 #include "gpt/generate.h"
 #include "gpt/metrics.h"
 #include "gpt/trainer.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 
 namespace fs = std::filesystem;
@@ -115,6 +116,35 @@ TEST(GptTrain, GradientAccumulationMatchesALargerBatch) {
   ASSERT_EQ(losses[1].size(), 6u);
   EXPECT_NEAR(losses[0][0], std::log(256.0), 0.3);  // averaged, not summed
   for (size_t s = 0; s < 6; ++s) EXPECT_NEAR(losses[0][s], losses[1][s], 1e-3) << "step " << s + 1;
+}
+
+// --device cuda at world 1: the loss drops as on the CPU and stays close to the CPU run's
+// (other kernels, same math); a checkpoint written from the GPU resumes on the CPU and the
+// CPU's generate reads it.
+TEST(GptTrain, CudaTrainsLikeCpuAndItsCheckpointsResumeOnCpu) {
+  if (!tdist::testing::has_gpu()) GTEST_SKIP() << "needs a CUDA GPU; none here";
+  auto cpu_config = tiny_config(tdist::testing::make_temp_dir("gpt-cpu"));
+  auto cuda_config = tiny_config(tdist::testing::make_temp_dir("gpt-cuda"));
+  cuda_config.checkpoint_interval = 15;
+  gpt::World on_gpu;
+  on_gpu.device = c10::Device(c10::kCUDA, 0);
+  std::ostringstream out;
+  const auto cpu = gpt::train(cpu_config, gpt::World{}, out);
+  const auto cuda = gpt::train(cuda_config, on_gpu, out);
+  ASSERT_EQ(cuda.train_loss.size(), 30u);
+  EXPECT_LT(cuda.train_loss.back(), cuda.train_loss.front() - 1.0);
+  EXPECT_NEAR(cuda.train_loss.back(), cpu.train_loss.back(), 1e-3 * cpu.train_loss.back());
+  EXPECT_EQ(cuda.sample.size(), 24u);
+
+  auto resumed = cuda_config;
+  resumed.steps = 40;
+  resumed.resume = true;
+  const auto on_cpu = gpt::train(resumed, gpt::World{}, out);
+  EXPECT_EQ(on_cpu.start_step, 30);
+  ASSERT_EQ(on_cpu.train_loss.size(), 10u);
+  EXPECT_LT(on_cpu.train_loss.back(), cuda.train_loss.front());
+  auto model = gpt::load_model_from_run(cuda_config.run_dir);
+  EXPECT_TRUE(model->wte->weight.device().is_cpu());
 }
 
 TEST(GptTrain, ResumeContinuesWithTheSameLoss) {

@@ -20,12 +20,12 @@ inline void* optimizer_state_key(const at::Tensor& param) {
   return param.unsafeGetTensorImpl();
 }
 
-/// Turns CPU autocast on (to `dtype`) or off, returning whether it was on; the device-type
-/// API of 2.4+ (before it: set_cpu_enabled / set_autocast_cpu_dtype).
-inline bool set_cpu_autocast(bool enabled, at::ScalarType dtype = at::kBFloat16) {
-  const bool previous = at::autocast::is_autocast_enabled(at::kCPU);
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
-  if (enabled) at::autocast::set_autocast_dtype(at::kCPU, dtype);
+/// Turns autocast for `device` (kCPU, kCUDA) on (to `dtype`) or off, returning whether it
+/// was on; the device-type API of 2.4+ (before it: set_cpu_enabled / set_autocast_cpu_dtype).
+inline bool set_autocast(at::DeviceType device, bool enabled, at::ScalarType dtype) {
+  const bool previous = at::autocast::is_autocast_enabled(device);
+  at::autocast::set_autocast_enabled(device, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(device, dtype);
   return previous;
 }
 
