@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/device_streams.h"
 #include "fsdp/hook_timing.h"
 #include "fsdp/sharded_param.h"
 #include "fsdp/trace_scope.h"
@@ -26,8 +27,12 @@ FlatLayout FlatLayout::of(const std::vector<ShardedParam*>& params) {
 
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
-                                   const std::string& label, FSDPStats& stats, at::Tensor input) {
+                                   const std::string& label, FSDPStats& stats,
+                                   DeviceStreams* streams, at::Tensor input) {
   TraceScope trace("FSDP::all_gather", label);
+  // Note [FSDP streams]: after what the compute stream has queued (the shards' last writes).
+  if (streams != nullptr) streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
+  StreamScope on_copy_in(streams, StreamRole::kAllGatherCopyIn);
   AllGatherResult result;
   result.world = params.empty() ? 1 : params.front()->layout().world;
   // Note [Mixed precision and offload]: gathered in param_dtype on the compute device.
@@ -38,7 +43,10 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
       TraceScope copy_in("FSDP::all_gather_copy_in", label);
       input = at::empty({layout.total}, options);
       for (size_t i = 0; i < params.size(); ++i) {
-        input.narrow(0, layout.offsets[i], layout.numels[i]).copy_(params[i]->padded_shard_flat());
+        // Pinned offloaded shards go host-to-device without blocking the host.
+        input.narrow(0, layout.offsets[i], layout.numels[i])
+            .copy_(params[i]->padded_shard_flat(),
+                   /*non_blocking=*/params[i]->shard_options().pinned_memory());
       }
     }
     result.input = input;
@@ -73,7 +81,7 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
-                                   FSDPStats& stats) {
+                                   FSDPStats& stats, DeviceStreams* streams) {
   TraceScope trace("FSDP::reduce_scatter", label);
   CopyTimer copy(stats);
   ReduceScatterResult result;
@@ -110,6 +118,9 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   }
   result.output = at::empty({layout.total}, options);
   const at::Tensor flat_input = result.input.view({-1});
+  // Note [FSDP streams]: copied in on the compute stream, issued on the reduce-scatter's.
+  if (streams != nullptr) streams->wait(StreamRole::kReduceScatter, StreamRole::kCompute);
+  StreamScope on_reduce_scatter(streams, StreamRole::kReduceScatter);
   if (group->size() == 1) {
     result.output.copy_(flat_input);
     CommTimer issue(stats.comm_issue_ns);

@@ -27,6 +27,7 @@
 
 namespace tdist::fsdp::detail {
 
+class DeviceStreams;
 class ShardedParam;
 
 /// Column offsets of each param in the flat layout, and the total.
@@ -46,12 +47,13 @@ struct AllGatherResult {
 
 /// All-gathers the params' padded shards. `input` may be given (a post-forward slab, see
 /// Note [Reshard to a smaller group]); by default the shards are copied into one buffer.
-/// `output_world` is the number of rank blocks in the output (the full world size).
-/// `stats` gets the copy-in (copy_ns) and the issue (comm_issue_ns) time.
+/// `stats` gets the copy-in (copy_ns) and the issue (comm_issue_ns) time. With `streams`
+/// (an accelerator), the copy-in and the issue run on the copy-in stream (Note [FSDP
+/// streams]).
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, FSDPStats& stats,
-                                   at::Tensor input = {});
+                                   DeviceStreams* streams, at::Tensor input = {});
 
 /// Copies a completed all-gather's output into each param's (allocated) padded unsharded
 /// tensor.
@@ -68,12 +70,13 @@ struct ReduceScatterResult {
 };
 
 /// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards, in
-/// `reduce_dtype` (MixedPrecisionPolicy::reduce_dtype).
+/// `reduce_dtype` (MixedPrecisionPolicy::reduce_dtype). With `streams`, the copy-in runs on
+/// the compute stream and the issue on the reduce-scatter stream (Note [FSDP streams]).
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
-                                   FSDPStats& stats);
+                                   FSDPStats& stats, DeviceStreams* streams);
 
 /// All-gathers a tensor sliced like `param` (`local`: this rank's unpadded rows, in any
 /// dtype) into the whole tensor, synchronously, over `group`, on the compute device. Returns

@@ -172,6 +172,11 @@ void FSDPState::root_post_backward_final_callback() {
     if (is_last_backward_) comm_->finish_pending_reduce();
     comm_->end_step();
   }
+  // Note [FSDP streams]: what runs after backward (the optimizer) sees the installed
+  // gradients.
+  for (FSDPState* s : tree_) {
+    if (s->group_) s->group_->join_reduce_stream();
+  }
 }
 
 // Note [Bypass check]

@@ -12,8 +12,8 @@
 //    each parameter in and out with ATen ops. Any device, any dtype, mixed precision.
 //  - PersistentBuffers (persistent_buffers.h): Note [Persistent buffers] in collectives.h;
 //    plain CPU groups in the parameters' own dtype.
-// A device-stream implementation (copy-in on a side stream, events instead of waits) is the
-// third; ParamGroup needs no change for it.
+// On an accelerator, PerCallBuffers runs its copies and collectives on the device's FSDP
+// streams (Note [FSDP streams] in device_streams.h).
 
 #include <memory>
 #include <string>
@@ -29,6 +29,7 @@
 
 namespace tdist::fsdp::detail {
 
+class DeviceStreams;
 class ShardedParam;
 struct GroupConfig;
 
@@ -46,6 +47,7 @@ struct GroupBuffersContext {
   const ProcessGroupPtr& group;              // the shard group
   const GroupLabels& labels;
   FSDPStats& stats;
+  DeviceStreams* streams;  // the compute device's (Note [FSDP streams]); null on the CPU
 };
 
 class GroupBuffers {

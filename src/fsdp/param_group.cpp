@@ -45,6 +45,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdp/comm_context.h"
+#include "fsdp/device_streams.h"
 #include "fsdp/hook_timing.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
@@ -110,7 +111,8 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
       group_(std::move(group)),
       config_(std::move(config)) {
   set_label(std::move(label));
-  buffers_ = make_group_buffers({raw_, layout_, group_, labels_, stats_}, config_);
+  streams_ = device_streams_for(raw_.front()->unsharded_options().device());
+  buffers_ = make_group_buffers({raw_, layout_, group_, labels_, stats_, streams_}, config_);
 }
 
 ParamGroup::~ParamGroup() = default;
@@ -310,6 +312,7 @@ void ParamGroup::replay_reduce_scatter() {
   issue_reduce(zeros);
   ++stats_.reduce_scatters;
   finish_reduce();
+  join_reduce_stream();
 }
 
 // ---- phases -----------------------------------------------------------------------------
@@ -368,6 +371,7 @@ void ParamGroup::pre_backward() {
   // group's reduce-scatter in flight: land it before stashing the gradients it updates.
   if (reduce_pending_ && comm_ != nullptr) comm_->finish_pending_reduce();
   if (reduce_pending_) finish_reduce();
+  join_reduce_stream();
   training_state_ = TrainingState::kPreBackward;
   kept_after_backward_ = false;  // a stash kept unsharded is this backward's to return
   {
@@ -463,6 +467,9 @@ void ParamGroup::reduce_and_reshard() {
 // dtype too: pytorch#190626), and the divisor is shard size x replicas.
 void ParamGroup::finish_reduce() {
   if (!reduce_pending_) return;
+  // Note [FSDP streams]: waited for, reduced and installed on the reduce-scatter stream.
+  StreamScope on_reduce_scatter(streams_, StreamRole::kReduceScatter);
+  reduce_stream_ahead_ = streams_ != nullptr;
   wait_work(buffers_->reduce_scatter_work(), group_, stats_);
   at::Tensor& reduced = buffers_->reduce_output();
   double divisor = group_->size();
@@ -509,6 +516,13 @@ void ParamGroup::hold_partial_reduce() {
   for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
   buffers_->drop_reduced();
   reduce_pending_ = false;
+}
+
+void ParamGroup::join_reduce_stream() {
+  if (!reduce_stream_ahead_) return;
+  reduce_stream_ahead_ = false;
+  streams_->wait(StreamRole::kCompute, StreamRole::kReduceScatter);
+  streams_->host_wait();
 }
 
 void ParamGroup::issue_reduce(const std::vector<at::Tensor>& grads) {

@@ -21,6 +21,7 @@
 namespace tdist::fsdp::detail {
 
 class CommContext;
+class DeviceStreams;
 
 /// Where the parameters' data is (see the diagram in param_group.cpp).
 enum class ShardState {
@@ -104,8 +105,13 @@ class ParamGroup {
   /// From autograd, once per call of the module that built a graph; acts on the last one
   /// (Note [Module called more than once]).
   void post_backward();
-  /// Installs the gradients of a finished reduce-scatter (called via CommContext).
+  /// Installs the gradients of a finished reduce-scatter (called via CommContext); on an
+  /// accelerator on the reduce-scatter stream (Note [FSDP streams]).
   void finish_reduce();
+  /// After finish_reduce on an accelerator: the compute stream waits for the reduce-scatter
+  /// stream, and the host for gradients still being copied to it (CPU offload). Called at the
+  /// end of backward for every group, and before a backward adds to the gradients.
+  void join_reduce_stream();
   /// End of backward: runs any post-backward that autograd did not trigger, reshards,
   /// returns to idle.
   void finalize_backward();
@@ -159,8 +165,10 @@ class ParamGroup {
   /// backward, and post-backward hooks fired so far.
   int graph_forward_calls_ = 0;
   int post_backward_calls_ = 0;
-  at::Tensor post_forward_slab_;  // valid while kShardedPostForward
-  bool reduce_pending_ = false;   // a reduce-scatter was issued and not yet finished
+  at::Tensor post_forward_slab_;      // valid while kShardedPostForward
+  bool reduce_pending_ = false;       // a reduce-scatter was issued and not yet finished
+  DeviceStreams* streams_ = nullptr;  // the compute device's; null on the CPU
+  bool reduce_stream_ahead_ = false;  // finish_reduce queued work the compute stream has not joined
   FSDPStats stats_;
   std::vector<at::Tensor> grads_;  // post_backward's scratch (keeps its capacity)
   // Last: it refers to the members above, and its destructor may still wait on an

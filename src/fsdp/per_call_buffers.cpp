@@ -1,5 +1,6 @@
 #include "fsdp/per_call_buffers.h"
 
+#include "fsdp/device_streams.h"
 #include "fsdp/hook_timing.h"
 #include "fsdp/sharded_param.h"
 #include "fsdp/trace_scope.h"
@@ -12,18 +13,25 @@ void PerCallBuffers::start_all_gather(const at::Tensor& slab, const ProcessGroup
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer.
     all_gather_ = foreach_all_gather(context_.params, layout, slab_group, context_.labels.module,
-                                     context_.stats, slab);
+                                     context_.stats, context_.streams, slab);
   } else {
     all_gather_ = foreach_all_gather(context_.params, layout, context_.group,
-                                     context_.labels.module, context_.stats);
+                                     context_.labels.module, context_.stats, context_.streams);
   }
 }
 
 void PerCallBuffers::finish_all_gather() {
   TraceScope trace("FSDP::all_gather_copy_out", context_.labels.module);
   CopyTimer copy(context_.stats);
+  DeviceStreams* streams = context_.streams;
+  // Note [FSDP streams]: the gathered data was last written on (or ordered before) the copy-in
+  // stream: the collective itself, a group of one's copy, a host backend's copy back.
+  if (streams != nullptr) streams->wait(StreamRole::kCompute, StreamRole::kAllGatherCopyIn);
   for (ShardedParam* p : context_.params) p->alloc_unsharded();
   foreach_all_gather_copy_out(all_gather_, context_.params, *context_.layout);
+  // The buffers go back to the copy-in stream's pool: its next allocation waits for the
+  // copy-out that reads them.
+  if (streams != nullptr) streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
   all_gather_ = AllGatherResult();  // frees the collective's buffers
 }
 
@@ -40,23 +48,27 @@ size_t PerCallBuffers::unsharded_bytes() const {
 void PerCallBuffers::start_reduce_scatter(const std::vector<at::Tensor>& grads,
                                           c10::ScalarType reduce_dtype) {
   reduce_ = foreach_reduce(context_.params, grads, *context_.layout, context_.group,
-                           context_.labels.module, reduce_dtype, context_.stats);
+                           context_.labels.module, reduce_dtype, context_.stats, context_.streams);
 }
 
 void PerCallBuffers::install_reduced_grads(double divisor) {
   CopyTimer copy(context_.stats);
   reduce_.output.div_(divisor);
   const std::vector<ShardedParam*>& params = context_.params;
+  bool host_copy_in_flight = false;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i]->requires_grad()) {
       params[i]->accumulate_sharded_grad(at::Tensor());
       continue;
     }
-    // A copy, not a view of the output buffer: optimizers detach_() grads in zero_grad,
-    // which autograd refuses on views; the buffer is freed right after.
-    params[i]->accumulate_sharded_grad(
-        reduced_shard_grad(reduce_, *params[i], context_.layout->offsets[i]).clone());
+    // accumulate_sharded_grad copies (a view of the output buffer would not do: optimizers
+    // detach_() grads in zero_grad, which autograd refuses on views; the buffer is freed right
+    // after). Copies to pinned host shards do not block the host (Note [FSDP streams]).
+    host_copy_in_flight |= params[i]->accumulate_sharded_grad(
+        reduced_shard_grad(reduce_, *params[i], context_.layout->offsets[i]),
+        /*non_blocking=*/context_.streams != nullptr);
   }
+  if (host_copy_in_flight) context_.streams->mark_host_fence();
   reduce_ = ReduceScatterResult();
 }
 

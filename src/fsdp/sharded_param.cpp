@@ -113,14 +113,16 @@ at::Tensor ShardedParam::take_accumulated_unsharded_grad() {
   return out;
 }
 
-void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
+bool ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced, bool non_blocking) {
   at::Tensor& slot = param_.mutable_grad();
   at::Tensor total = std::move(stashed_grad_);
   stashed_grad_ = at::Tensor();
+  // The host adds to what it copies only once the copy has landed.
+  const bool in_flight = non_blocking && reduced.defined() && !total.defined() && !slot.defined() &&
+                         shard_options_.device().is_cpu() && !reduced.is_cpu();
   // Note [Mixed precision and offload]: the sharded gradient has the shard's dtype/device.
-  const at::Tensor grad = reduced.defined() ? reduced.to(shard_options_, /*non_blocking=*/false,
-                                                         /*copy=*/true)
-                                            : reduced;
+  const at::Tensor grad =
+      reduced.defined() ? reduced.to(shard_options_, in_flight, /*copy=*/true) : reduced;
   if (grad.defined()) {
     if (total.defined()) {
       total.add_(grad);
@@ -134,6 +136,7 @@ void ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced) {
   } else if (total.defined()) {
     slot = total;
   }
+  return in_flight;
 }
 
 void ShardedParam::share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset) {

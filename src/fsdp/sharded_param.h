@@ -96,9 +96,12 @@ class ShardedParam {
   void stash_sharded_grad();
   /// Takes the unsharded gradient autograd produced (undefined if none) and clears P.grad.
   at::Tensor take_unsharded_grad();
-  /// Adds this step's reduced shard gradient [local_rows, ...] to the stashed one and
-  /// installs the sum as P.grad. `grad` undefined: just restores the stash.
-  void accumulate_sharded_grad(const at::Tensor& grad);
+  /// Adds a copy of this step's reduced shard gradient [local_rows, ...] (in the shard's
+  /// dtype and device) to the stashed one and installs the sum as P.grad. `grad` undefined:
+  /// just restores the stash. `non_blocking`: a copy to pinned host memory that becomes P.grad
+  /// as it is (nothing to add on the host) is left in flight; returns whether one was, so
+  /// the caller makes the host wait before anything reads it.
+  bool accumulate_sharded_grad(const at::Tensor& grad, bool non_blocking = false);
 
   // ---- Note [Persistent buffers] (ParamGroup's fast path) ----
   /// Note [One unsharded storage per group]: re-homes the padded unsharded tensor, and the
