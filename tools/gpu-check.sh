@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks, on the one-H200 machine (see tools/gpu-pack.sh, which builds what this runs
-# and says how to send it). Runs the NCCL backend's suites against that machine's PyTorch:
-# test_nccl (the unit tests, now with a GPU present), test_nccl_cuda (world 1 over NCCL) and
-# test_gloo_cuda (worlds 2 and 3 sharing the GPU over Gloo: NCCL refuses two ranks on one
-# GPU). Each suite's log goes to $OUT. Exit status: non-zero if any suite failed or skipped.
+# and says how to send it), in about 8 minutes against that machine's PyTorch:
+#  1. the CUDA suites: test_nccl (unit tests, now with a GPU), test_nccl_cuda (every op and
+#     dtype at world 1 over NCCL), test_gloo_cuda (worlds 2 and 3 sharing the GPU over Gloo:
+#     NCCL refuses two ranks on one GPU), test_train_cuda (FSDP fp32 / bf16 / offload parity,
+#     DDP parity, checkpoints CUDA -> CPU -> CUDA), test_gpt's CUDA case;
+#  2. collectives: tdist NCCL (world 1) and Gloo on CUDA tensors (world 2) beside
+#     torch.distributed on the same GPU, ops and sizes (bench/collectives/gpu_collectives_*);
+#  3. training: a 116M-parameter GPT at world 1: plain LibTorch, tdist FSDP, tdist FSDP with
+#     CPU offload, PyTorch fully_shard (with and without offload), step time and peak GPU
+#     memory (bench/train/gpu_report.py).
+# Each part's log goes to $OUT. Exit status: non-zero if any suite failed or skipped or a
+# benchmark failed its own checks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -15,15 +23,52 @@ LIBS=.gpu-carry/lib:$TORCH_DIR/lib
 for d in "$SITE"/nvidia/*/lib "$SITE"/nvidia/cu13/lib; do [ -d "$d" ] && LIBS=$LIBS:$d; done
 export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMP_NUM_THREADS=1
+export TDIST_GPT_DATA=$PWD/data/kjv.txt
+BIN=.gpu-carry/bin
 nvidia-smi -L
 python3 -c 'import torch; print("torch", torch.__version__, "built for", open(".gpu-carry/torch-version.txt").read().strip(), "|", torch.cuda.get_device_name(0))'
+echo "binaries of commit $(cat .gpu-carry/commit.txt 2>/dev/null || echo '?'), tree at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 status=0
-for suite in test_nccl test_nccl_cuda test_gloo_cuda; do
+step() {  # step NAME TIMEOUT COMMAND...: runs one part, logs it, prints a summary line
+  local name=$1 limit=$2
+  shift 2
+  local start
   start=$(date +%s)
-  timeout 240 ".gpu-carry/bin/$suite" > "$OUT/$suite.log" 2>&1
-  rc=$?
-  echo "== $suite: exit $rc in $(( $(date +%s) - start )) s"
-  grep -E '^\[  (FAILED|SKIPPED) |^\[  PASSED|tests ran' "$OUT/$suite.log" | tail -15
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $(( $(date +%s) - start )) s"
   [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+for suite in test_nccl test_nccl_cuda test_gloo_cuda test_train_cuda; do
+  step "$suite" 240 "$BIN/$suite"
+  grep -E '^\[  (FAILED|SKIPPED) |^\[  PASSED|tests ran' "$OUT/$suite.log" | tail -15
 done
+step test_gpt_cuda 180 "$BIN/test_gpt" --gtest_filter='GptTrain.Cuda*:GptDevice.*'
+grep -E '^\[  (FAILED|SKIPPED) |^\[  PASSED' "$OUT/test_gpt_cuda.log" | tail -5
+
+# Collectives, side by side (one JSON file, one table per backend and world).
+coll=$OUT/gpu-collectives.jsonl
+: > "$coll"
+step coll_tdist_nccl 60 "$BIN/bench_gpu_collectives" --backend nccl --world 1 --json "$coll"
+step coll_torch_nccl 90 python3 bench/collectives/gpu_collectives_torch.py --backend nccl --world 1 --json "$coll"
+step coll_tdist_gloo 90 "$BIN/bench_gpu_collectives" --backend gloo --world 2 --max-bytes 16777216 --iters 5 --json "$coll"
+step coll_torch_gloo 120 python3 bench/collectives/gpu_collectives_torch.py --backend gloo --world 2 --max-bytes 16777216 --iters 5 --json "$coll"
+python3 bench/collectives/gpu_collectives_report.py "$coll" | tee "$OUT/gpu-collectives.md"
+
+# Training: one GPT, one batch, fp32, world 1.
+train=$OUT/gpu-train.jsonl
+: > "$train"
+MODEL=(--n-layer 12 --n-embd 896 --n-head 14 --block-size 512 --batch-size 8 --steps 10 --warmup 3)
+init=$OUT/gpt-init.pt
+"$BIN/bench_train" --header | tee "$OUT/gpu-train.log"
+step train_tdist_single 120 "$BIN/bench_train" --device cuda --mode single --init-out "$init" --json "$train" "${MODEL[@]}"
+step train_tdist_fsdp 120 "$BIN/bench_train" --device cuda --mode fsdp --json "$train" "${MODEL[@]}"
+step train_tdist_offload 150 "$BIN/bench_train" --device cuda --mode fsdp --cpu-offload --json "$train" "${MODEL[@]}"
+step train_torch_fsdp2 150 python3 bench/train/gpt_torch.py --device cuda --mode fsdp2 --nproc 1 --init "$init" --json "$train" "${MODEL[@]}"
+step train_torch_offload 150 python3 bench/train/gpt_torch.py --device cuda --mode fsdp2 --cpu-offload --nproc 1 --init "$init" --json "$train" "${MODEL[@]}"
+for part in train_tdist_single train_tdist_fsdp train_tdist_offload train_torch_fsdp2 train_torch_offload; do
+  grep -E '^(tdist|pytorch) ' "$OUT/$part.log" | tee -a "$OUT/gpu-train.log"
+done
+python3 bench/train/gpu_report.py "$train" | tee "$OUT/gpu-train.md"
 exit $status

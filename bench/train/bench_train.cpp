@@ -1,7 +1,9 @@
 // Training throughput and peak memory per rank of the GPT example's model under tdist:
-// single process, DDP or FSDP. Each run prints one row; bench/train/run.sh runs them all
-// beside Python PyTorch DDP on the same model.
+// single process, DDP or FSDP (optionally with CPU offload), on the CPU or a GPU. Each run
+// prints one row; bench/train/run.sh runs them all beside Python PyTorch on the same model
+// (tools/gpu-check.sh on a GPU).
 //   bench_train --mode ddp --nproc 2 --steps 20
+//   bench_train --mode fsdp --device cuda --n-layer 12 --n-embd 896 --n-head 14
 // The benchmark checks what it times: the loss must be finite and the ranks must agree on
 // it (column "ok").
 
@@ -25,6 +27,9 @@
 #include "gpt/parallel.h"
 #include "gpt/world.h"
 #include "tdist/checkpoint/interchange.h"
+#ifdef TDIST_BENCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace {
 
@@ -38,10 +43,27 @@ struct Options {
   gpt::ModelConfig model;
   std::string json_path;
   std::string init_out;  // rank 0 writes the initial parameters here (PyTorch's .pt format)
+  std::string device = "cpu";
+  bool cpu_offload = false;
 };
 
+// The most bytes the caching allocator had handed out on `device` (0 on the CPU), as
+// torch.cuda.max_memory_allocated.
+double peak_device_bytes(const c10::Device& device) {
+#ifdef TDIST_BENCH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+            .peak);
+  }
+#endif
+  (void)device;
+  return 0.0;
+}
+
 int run_rank(const Options& o) {
-  gpt::World world = gpt::init_world(300);
+  gpt::World world = gpt::init_world(300, o.device);
   const int threads =
       o.threads > 0
           ? o.threads
@@ -49,6 +71,7 @@ int run_rank(const Options& o) {
   torch::set_num_threads(threads);
   torch::manual_seed(1234);
   gpt::GPT model(o.model);
+  model->to(world.device);
   if (!o.init_out.empty() && world.rank == 0) {
     // The Python side (gpt_torch.py --init) starts from exactly these weights, so the two
     // sides' losses can be compared step for step.
@@ -58,7 +81,7 @@ int run_rank(const Options& o) {
   }
   gpt::Tracer tracer(world.rank, /*enabled=*/false);
   const auto mode = gpt::resolve_mode(gpt::parse_parallel_mode(o.mode), world);
-  auto parallel = gpt::make_parallel(mode, model, world, tracer);
+  auto parallel = gpt::make_parallel(mode, model, world, tracer, o.cpu_offload);
   auto groups = parallel->param_groups();
   std::vector<torch::Tensor> params = groups.decay;
   params.insert(params.end(), groups.no_decay.begin(), groups.no_decay.end());
@@ -76,8 +99,8 @@ int run_rank(const Options& o) {
     auto tokens = torch::randint(0, o.model.vocab_size, {o.batch_size, o.model.block_size + 1}, gen,
                                  torch::kLong);
     using torch::indexing::Slice;
-    auto x = tokens.index({Slice(), Slice(0, -1)}).contiguous();
-    auto y = tokens.index({Slice(), Slice(1, torch::indexing::None)}).contiguous();
+    auto x = tokens.index({Slice(), Slice(0, -1)}).contiguous().to(world.device);
+    auto y = tokens.index({Slice(), Slice(1, torch::indexing::None)}).contiguous().to(world.device);
     auto logits = parallel->forward(x, /*sync=*/true);
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                      y.reshape({-1}));
@@ -92,6 +115,7 @@ int run_rank(const Options& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto peaks =
       gpt::all_gather_values(world, static_cast<double>(gpt::memory_usage().peak_bytes));
+  const auto device_peaks = gpt::all_gather_values(world, peak_device_bytes(world.device));
   const auto losses = gpt::all_gather_values(world, loss_value);
   bool ok = true;
   for (double l : losses) ok = ok && std::isfinite(l);
@@ -100,19 +124,27 @@ int run_rank(const Options& o) {
   if (world.is_main()) {
     double peak_max = 0;
     for (double p : peaks) peak_max = std::max(peak_max, p);
-    std::printf("%-12s %5d %9.2fM %11.0f %9.1f %14.0f %10.4f %4s\n",
-                ("tdist " + to_string(mode)).c_str(), world.world_size,
+    double device_peak_max = 0;
+    for (double p : device_peaks) device_peak_max = std::max(device_peak_max, p);
+    const std::string name = "tdist " + to_string(mode) + (o.cpu_offload ? "+offload" : "");
+    std::printf("%-20s %-6s %5d %9.2fM %11.0f %9.1f %14.0f %14.0f %10.4f %4s\n", name.c_str(),
+                world.device.is_cuda() ? "cuda" : "cpu", world.world_size,
                 o.model.num_parameters() / 1e6, tokens / seconds, seconds / o.steps * 1e3,
-                peak_max / (1024.0 * 1024.0), losses[0], ok ? "yes" : "NO");
+                peak_max / (1024.0 * 1024.0), device_peak_max / (1024.0 * 1024.0), losses[0],
+                ok ? "yes" : "NO");
     std::fflush(stdout);
     if (!o.json_path.empty()) {
       std::ofstream(o.json_path, std::ios::app)
           << nlohmann::json{{"impl", "tdist"},
                             {"mode", to_string(mode)},
+                            {"cpu_offload", o.cpu_offload},
+                            {"device", world.device.is_cuda() ? "cuda" : "cpu"},
+                            {"parameters", o.model.num_parameters()},
                             {"world_size", world.world_size},
                             {"tokens_per_s", tokens / seconds},
                             {"step_ms", seconds / o.steps * 1e3},
                             {"peak_rss_bytes", peaks},
+                            {"peak_device_bytes", device_peaks},
                             {"final_loss", losses[0]},
                             {"ok", ok}}
                  .dump()
@@ -151,13 +183,17 @@ int main(int argc, char** argv) {
   app.add_option("--n-embd", o.model.n_embd, "Width")->capture_default_str();
   app.add_option("--block-size", o.model.block_size, "Context")->capture_default_str();
   app.add_option("--json", o.json_path, "Append the result as a JSON line to FILE");
+  app.add_option("--device", o.device, "cpu, cuda or auto (as gpt --device)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  app.add_flag("--cpu-offload", o.cpu_offload, "fsdp: shards and AdamW state in host memory");
   app.add_option("--init-out", o.init_out,
                  "Write the initial parameters to FILE (.pt) for the PyTorch side to start from");
   app.add_flag_callback(
       "--header",
       [] {
-        std::printf("%-12s %5s %10s %11s %9s %14s %10s %4s\n", "impl", "ranks", "params",
-                    "tokens/s", "step_ms", "peak_rss_MiB", "loss", "ok");
+        std::printf("%-20s %-6s %5s %10s %11s %9s %14s %14s %10s %4s\n", "impl", "device", "ranks",
+                    "params", "tokens/s", "step_ms", "peak_rss_MiB", "peak_dev_MiB", "loss", "ok");
         std::exit(0);
       },
       "Print the table header and exit");

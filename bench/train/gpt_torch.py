@@ -3,9 +3,10 @@
 bench_train: random tokens (the same generator and seeds, so the same batches), AdamW,
 gradient clipping, warmup steps then timed steps. --mode picks PyTorch's DDP, FSDP1
 (FullyShardedDataParallel, one unit per block) or FSDP2 (fully_shard on each block, then the
-root); --init loads the initial parameters bench_train wrote (--init-out), so the final loss
-can be compared with tdist's. Ranks are started here with environment variables (RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT), not torchrun.
+root; --cpu-offload adds CPUOffloadPolicy); --init loads the initial parameters bench_train
+wrote (--init-out), so the final loss can be compared with tdist's. --device cuda trains on
+cuda:LOCAL_RANK over "cpu:gloo,cuda:nccl" (tools/gpu-check.sh). Ranks are started here with
+environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), not torchrun.
 
     .venv/bin/python bench/train/gpt_torch.py --mode fsdp2 --nproc 2 --steps 20
 """
@@ -99,7 +100,7 @@ def load_init(model, path):
         raise SystemExit(f"--init {path}: missing {missing}, unexpected {unexpected}")
 
 
-def wrap(model, mode):
+def wrap(model, mode, device, cpu_offload):
     if mode == "ddp":
         return DDP(model)
     if mode == "fsdp1":
@@ -107,11 +108,12 @@ def wrap(model, mode):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         # device_id=cpu explicitly: left unset, FSDP1 looks for an accelerator and refuses.
         return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
-                    device_id=torch.device("cpu"))
-    from torch.distributed.fsdp import fully_shard
+                    device_id=device)
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+    policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
     for block in model.blocks:
-        fully_shard(block)
-    return fully_shard(model)
+        fully_shard(block, offload_policy=policy)
+    return fully_shard(model, offload_policy=policy)
 
 
 def clip(model, mode, max_norm):
@@ -125,13 +127,20 @@ def run_rank(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     threads = args.threads or max(1, os.cpu_count() // world)
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1234)
     plain = GPT(args)
     if args.init:
         load_init(plain, args.init)
+    plain.to(device)
     params = sum(p.numel() for p in plain.parameters())
-    model = wrap(plain, args.mode)
+    model = wrap(plain, args.mode, device, args.cpu_offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(42 + rank)
     loss_value = 0.0
@@ -141,7 +150,7 @@ def run_rank(args):
             dist.barrier()
             start = time.perf_counter()
         tokens = torch.randint(0, args.vocab_size, (args.batch_size, args.block_size + 1), generator=gen)
-        x, y = tokens[:, :-1], tokens[:, 1:]
+        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         loss.backward()
@@ -154,18 +163,28 @@ def run_rank(args):
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0], dtype=torch.float64)
     peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(peaks, peak)
+    device_peak = torch.tensor([float(torch.cuda.max_memory_allocated(device))
+                                if device.type == "cuda" else 0.0], dtype=torch.float64)
+    device_peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(device_peaks, device_peak)
     losses = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(losses, torch.tensor([loss_value], dtype=torch.float64))
     ok = all(math.isfinite(l.item()) for l in losses)
     tokens_total = args.batch_size * args.block_size * args.steps * world
     if rank == 0:
         peak_max = max(p.item() for p in peaks)
-        print("%-12s %5d %9.2fM %11.0f %9.1f %14.0f %10.4f %4s" % (
-            "pytorch " + args.mode, world, params / 1e6, tokens_total / seconds, seconds / args.steps * 1e3,
-            peak_max / 2**20, losses[0].item(), "yes" if ok else "NO"), flush=True)
+        device_peak_max = max(p.item() for p in device_peaks)
+        name = "pytorch " + args.mode + ("+offload" if args.cpu_offload else "")
+        print("%-20s %-6s %5d %9.2fM %11.0f %9.1f %14.0f %14.0f %10.4f %4s" % (
+            name, device.type, world, params / 1e6, tokens_total / seconds, seconds / args.steps * 1e3,
+            peak_max / 2**20, device_peak_max / 2**20, losses[0].item(), "yes" if ok else "NO"),
+            flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps({"impl": "pytorch", "mode": args.mode, "world_size": world,
+                                    "cpu_offload": args.cpu_offload, "device": device.type,
+                                    "parameters": params,
+                                    "peak_device_bytes": [p.item() for p in device_peaks],
                                     "tokens_per_s": tokens_total / seconds,
                                     "step_ms": seconds / args.steps * 1e3,
                                     "peak_rss_bytes": [p.item() for p in peaks],
@@ -195,6 +214,8 @@ def main():
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=256)
     p.add_argument("--json", default="")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--cpu-offload", action="store_true", help="fsdp2: CPUOffloadPolicy")
     args = p.parse_args()
     if "RANK" in os.environ:
         code = run_rank(args)

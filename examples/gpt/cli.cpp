@@ -142,6 +142,9 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str()
       ->group(par);
+  app.add_flag("--cpu-offload", c.cpu_offload,
+               "fsdp: keep parameters, gradients and AdamW state in host memory")
+      ->group(par);
   app.add_option("--deferred-init", c.deferred_init,
                  "Build on the meta device, each rank initialising only its shards under fsdp; "
                  "per-module seeds (true/false)")

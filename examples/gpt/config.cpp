@@ -103,6 +103,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"eval_batches", c.eval_batches},
       {"mode", to_string(c.mode)},
       {"device", c.device},
+      {"cpu_offload", c.cpu_offload},
       {"nproc", c.nproc},
       {"deferred_init", c.deferred_init},
       {"name", c.name},

@@ -56,6 +56,9 @@ struct TrainConfig {
   /// Where each rank computes: "cpu", "cuda" (rank i on cuda:LOCAL_RANK, NCCL between
   /// ranks) or "auto" (cuda when the node has a GPU per rank, else cpu).
   std::string device = "auto";
+  /// FSDP's CPUOffloadPolicy: parameters, gradients and AdamW state in host memory, each
+  /// block copied to the device for its forward and backward (--mode fsdp, or auto).
+  bool cpu_offload = false;
   int nproc = 2;        ///< ranks to spawn when not started by a launcher
   int threads = 0;      ///< intra-op threads per rank; 0: cores / ranks
   int timeout_s = 300;  ///< collective / rendezvous timeout

@@ -120,8 +120,9 @@ class DdpParallel : public SingleParallel {
 // torchtitan's apply_fsdp does. Parameters, gradients and AdamW state are 1/N per rank.
 class FsdpParallel : public Parallel {
  public:
-  FsdpParallel(GPT model, const World& world, Tracer& tracer)
+  FsdpParallel(GPT model, const World& world, Tracer& tracer, bool cpu_offload)
       : model_(std::move(model)), world_(world), tracer_(tracer) {
+    ensure_process_group(world_);  // FSDP shards over a group, of one at world 1
     for (auto& item : model_->named_parameters())
       full_shapes_[item.key()] = item.value().sizes().vec();
     if (tracer_.enabled()) {
@@ -132,10 +133,15 @@ class FsdpParallel : public Parallel {
                          (span.end_ns - origin_ns) / 1000, /*tid=*/1);
       });
     }
-    for (const auto& block : model_->block_list()) {
-      tdist::fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(block));
+    tdist::fsdp::FullyShardOptions options;
+    // --cpu-offload: shards, gradients and AdamW state in host memory (page-locked for CUDA).
+    if (cpu_offload) {
+      options.offload_policy(tdist::fsdp::CPUOffloadPolicy(/*pin_memory=*/world.device.is_cuda()));
     }
-    tdist::fsdp::fully_shard(model_);
+    for (const auto& block : model_->block_list()) {
+      tdist::fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(block), options);
+    }
+    tdist::fsdp::fully_shard(model_, options);
     model_->set_block_runner([](const std::shared_ptr<BlockImpl>& block, const torch::Tensor& x) {
       auto b = block;
       return tdist::fsdp::forward(b, x);
@@ -228,8 +234,11 @@ ParallelMode resolve_mode(ParallelMode requested, const World& world) {
 }
 
 std::unique_ptr<Parallel> make_parallel(ParallelMode mode, GPT model, const World& world,
-                                        Tracer& tracer) {
+                                        Tracer& tracer, bool cpu_offload) {
   (void)tracer;
+  TDIST_CHECK_ARG(!cpu_offload || mode == ParallelMode::kFsdp,
+                  "--cpu-offload needs --mode fsdp (got " + to_string(mode) +
+                      "): only sharded parameters can live on the host");
   switch (mode) {
     case ParallelMode::kSingle:
       return std::make_unique<SingleParallel>(std::move(model));
@@ -244,7 +253,7 @@ std::unique_ptr<Parallel> make_parallel(ParallelMode mode, GPT model, const Worl
 #endif
     case ParallelMode::kFsdp:
 #ifdef TDIST_GPT_WITH_FSDP
-      return std::make_unique<FsdpParallel>(std::move(model), world, tracer);
+      return std::make_unique<FsdpParallel>(std::move(model), world, tracer, cpu_offload);
 #else
       TDIST_THROW(tdist::InvalidArgument,
                   "--mode fsdp: this gpt was built without tdist::fsdp; use --mode ddp");

@@ -51,8 +51,9 @@ class Parallel {
 ParallelMode resolve_mode(ParallelMode requested, const World& world);
 
 /// Wraps `model` for `mode` (already resolved). Collective for DDP and FSDP: every rank
-/// calls it with a model built from the same seed.
+/// calls it with a model built from the same seed. `cpu_offload` (FSDP only): shards,
+/// gradients and optimizer state in host memory.
 std::unique_ptr<Parallel> make_parallel(ParallelMode mode, GPT model, const World& world,
-                                        Tracer& tracer);
+                                        Tracer& tracer, bool cpu_offload = false);
 
 }  // namespace gpt

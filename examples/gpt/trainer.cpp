@@ -197,7 +197,9 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
 
   torch::set_num_threads(c.threads > 0 ? c.threads : default_threads(world));
   TrainResult result;
-  const ParallelMode mode = resolve_mode(c.mode, world);
+  // --cpu-offload shards even one rank's model (FSDP at world 1).
+  const ParallelMode mode = resolve_mode(
+      c.cpu_offload && c.mode == ParallelMode::kAuto ? ParallelMode::kFsdp : c.mode, world);
   result.mode = to_string(mode);
 
   // Outputs.
@@ -219,7 +221,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   GPT model = build_model(c);
   if (!c.deferred_init) model->to(world.device);
   if (c.deferred_init && mode != ParallelMode::kFsdp) materialize_model(model, c, world.device);
-  auto parallel = make_parallel(mode, model, world, tracer);
+  auto parallel = make_parallel(mode, model, world, tracer, c.cpu_offload);
   if (c.deferred_init && mode == ParallelMode::kFsdp) materialize_model(model, c, world.device);
   auto optimizer = make_optimizer(*parallel, c);
   Checkpointer checkpointer(run_dir, world);

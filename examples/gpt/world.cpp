@@ -10,6 +10,7 @@
 #include "tdist/error.h"
 #ifdef TDIST_GPT_WITH_COMM
 #include "tdist/comm/distributed.h"
+#include "tdist/store/hash_store.h"
 #endif
 
 namespace gpt {
@@ -62,9 +63,28 @@ World init_world(int timeout_s, const std::string& device) {
   return world;
 }
 
+void ensure_process_group(const World& world) {
+#ifdef TDIST_GPT_WITH_COMM
+  if (tdist::is_initialized()) return;
+  TDIST_CHECK_ARG(!world.distributed(),
+                  "ensure_process_group: WORLD_SIZE=" + std::to_string(world.world_size) +
+                      " but init_world joined no process group");
+  auto options = tdist::InitProcessGroupOptions()
+                     .backend(backend_for(world.device, tdist::is_nccl_available()))
+                     .store(std::make_shared<tdist::HashStore>())
+                     .rank(0)
+                     .world_size(1);
+  if (world.device.is_cuda()) options.device_id(world.device.str());
+  tdist::init_process_group(options);
+#else
+  (void)world;
+#endif
+}
+
 void shutdown_world(const World& world) {
 #ifdef TDIST_GPT_WITH_COMM
-  if (world.distributed() && tdist::is_initialized()) tdist::destroy_process_group();
+  (void)world;
+  if (tdist::is_initialized()) tdist::destroy_process_group();
 #else
   (void)world;
 #endif

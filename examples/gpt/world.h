@@ -27,7 +27,11 @@ struct World {
 /// bound to the rank's GPU). Throws tdist::InvalidArgument for inconsistent variables, a
 /// device that cannot be had, and when this build has no tdist::comm.
 World init_world(int timeout_s, const std::string& device = "cpu");
-/// Leaves the process group (no-op for world size 1).
+/// One rank alone: joins a process group of one (in-process store), for what needs a group
+/// even then (FSDP). No-op when a group exists.
+void ensure_process_group(const World& world);
+
+/// Leaves the process group, if any.
 void shutdown_world(const World& world);
 
 /// Mean of `values` element-wise over all ranks (identity for world size 1).

@@ -60,6 +60,11 @@ TEST(GptCli, FlagsSetFields) {
   EXPECT_FALSE(c.model.tie_weights);
   EXPECT_TRUE(c.resume);
   EXPECT_EQ(c.resolved_run_dir(), "runs/exp1");
+  EXPECT_FALSE(c.cpu_offload);
+  auto offload = parse({"train", "--cpu-offload", "--device", "cpu"});
+  ASSERT_EQ(offload.code, -1) << offload.err;
+  EXPECT_TRUE(offload.command.train.cpu_offload);
+  EXPECT_EQ(offload.command.train.device, "cpu");
 }
 
 TEST(GptCli, HelpListsFlagsAndExitsZero) {

@@ -118,6 +118,26 @@ TEST(GptTrain, GradientAccumulationMatchesALargerBatch) {
   for (size_t s = 0; s < 6; ++s) EXPECT_NEAR(losses[0][s], losses[1][s], 1e-3) << "step " << s + 1;
 }
 
+// --cpu-offload at one rank: FSDP over a group of one with the shards on the host, which
+// trains like the single process (the same math, other buffers).
+TEST(GptTrain, CpuOffloadAtWorldOneShardsAndTrainsLikeSingle) {
+  auto single_config = tiny_config(tdist::testing::make_temp_dir("gpt-single"));
+  auto offload_config = tiny_config(tdist::testing::make_temp_dir("gpt-offload"));
+  single_config.steps = offload_config.steps = 10;
+  single_config.sample.max_new_tokens = offload_config.sample.max_new_tokens = 0;
+  offload_config.cpu_offload = true;
+  offload_config.checkpoint_interval = 10;
+  std::ostringstream out;
+  const auto single = gpt::train(single_config, gpt::World{}, out);
+  const auto offload = gpt::train(offload_config, gpt::World{}, out);
+  EXPECT_EQ(offload.mode, "fsdp");
+  ASSERT_EQ(offload.train_loss.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_NEAR(offload.train_loss[i], single.train_loss[i], 1e-5) << "step " << i + 1;
+  }
+  EXPECT_TRUE(gpt::newest_checkpoint(offload_config.run_dir).has_value());
+}
+
 // --device cuda at world 1: the loss drops as on the CPU and stays close to the CPU run's
 // (other kernels, same math); a checkpoint written from the GPU resumes on the CPU and the
 // CPU's generate reads it.
