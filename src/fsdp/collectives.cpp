@@ -28,10 +28,14 @@ FlatLayout FlatLayout::of(const std::vector<ShardedParam*>& params) {
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, FSDPStats& stats,
-                                   DeviceStreams* streams, at::Tensor input) {
+                                   DeviceStreams* streams, bool wait_for_compute,
+                                   at::Tensor input) {
   TraceScope trace("FSDP::all_gather", label);
-  // Note [FSDP streams]: after what the compute stream has queued (the shards' last writes).
-  if (streams != nullptr) streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
+  // Note [FSDP streams]: after what the compute stream has queued (the inputs' last writes),
+  // unless the root's pre-forward ordered the copy-in stream after them already.
+  if (streams != nullptr && wait_for_compute) {
+    streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
+  }
   StreamScope on_copy_in(streams, StreamRole::kAllGatherCopyIn);
   AllGatherResult result;
   result.world = params.empty() ? 1 : params.front()->layout().world;

@@ -48,12 +48,13 @@ struct AllGatherResult {
 /// All-gathers the params' padded shards. `input` may be given (a post-forward slab, see
 /// Note [Reshard to a smaller group]); by default the shards are copied into one buffer.
 /// `stats` gets the copy-in (copy_ns) and the issue (comm_issue_ns) time. With `streams`
-/// (an accelerator), the copy-in and the issue run on the copy-in stream (Note [FSDP
-/// streams]).
+/// (an accelerator), the copy-in and the issue run on the copy-in stream, after the compute
+/// stream when `wait_for_compute` (Note [FSDP streams]).
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, FSDPStats& stats,
-                                   DeviceStreams* streams, at::Tensor input = {});
+                                   DeviceStreams* streams, bool wait_for_compute,
+                                   at::Tensor input = {});
 
 /// Copies a completed all-gather's output into each param's (allocated) padded unsharded
 /// tensor.

@@ -8,6 +8,7 @@
 
 namespace tdist::fsdp::detail {
 
+class DeviceStreams;
 class ParamGroup;
 
 /// One collective FSDP issued, as the Join shadow replays it (Note [Join replay]).
@@ -27,6 +28,13 @@ class CommContext {
   bool prefetch = true;
   bool forward_prefetch = true;
   bool backward_prefetch = true;
+
+  /// Note [FSDP streams]: the compute device's streams (null on the CPU), and whether the
+  /// all-gather copy-in stream is ordered after the last optimizer step for the forward and
+  /// backward in progress (the root's pre-forward made it wait once); until then every
+  /// all-gather waits for the compute stream itself.
+  DeviceStreams* streams = nullptr;
+  bool all_gather_inputs_ordered = false;
 
   /// Called by a group before it issues its all-gather / after it waited for it.
   void before_all_gather(ParamGroup* group);

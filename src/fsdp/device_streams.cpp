@@ -48,6 +48,10 @@ class C10DeviceStreams final : public DeviceStreams {
     event.block(stream(waiter));
   }
 
+  void wait_event(StreamRole waiter, const c10::Event& event) override {
+    event.block(stream(waiter));
+  }
+
   void enter(StreamRole role) override {
     const c10::Stream next = stream(role);
     entered_streams().push_back(impl_.exchangeStream(next));

@@ -7,8 +7,11 @@
 // Note [FSDP streams]
 // As FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py), on CUDA:
 //  - all-gather: the copy-in stream waits for the compute stream (the optimizer may just have
-//    written the shards), then the copy-in (host-to-device and non-blocking for pinned
-//    offloaded shards) runs on it and the all-gather is issued with it current, so the
+//    written the shards) once per forward, in the root's pre-forward, or for the event given
+//    to FSDPModule::set_post_optim_event instead; an all-gather outside a root's forward and
+//    backward (an explicit unshard, Join's replay) and one of a post-forward slab (which the
+//    compute stream wrote) waits itself. The copy-in (host-to-device and non-blocking for
+//    pinned offloaded shards) runs on it and the all-gather is issued with it current, so the
 //    collective (on the process group's own stream, Note [Stream semantics] in docs/nccl.md)
 //    waits for the copy-in only, not for the compute queued since: a prefetched all-gather
 //    overlaps the current module's compute. The copy-out runs on the compute stream after
@@ -30,6 +33,7 @@
 #include <memory>
 
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 
 namespace tdist::fsdp::detail {
 
@@ -47,6 +51,8 @@ class DeviceStreams {
   /// `waiter` waits, on the device (the host goes on), for the work queued on `producer` so
   /// far.
   virtual void wait(StreamRole waiter, StreamRole producer) = 0;
+  /// `waiter` waits for `event` (recorded by the caller: FSDPModule::set_post_optim_event).
+  virtual void wait_event(StreamRole waiter, const c10::Event& event) = 0;
   /// Makes `role`'s stream this thread's current stream, until the matching leave().
   virtual void enter(StreamRole role) = 0;
   virtual void leave() = 0;

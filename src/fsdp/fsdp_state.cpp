@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdp/autograd_hooks.h"
+#include "fsdp/device_streams.h"
 #include "fsdp/hook_timing.h"
 #include "fsdp/registry.h"
 #include "tdist/error.h"
@@ -88,8 +89,26 @@ void FSDPState::lazy_init() {
     if (s->group_) {
       s->group_->set_comm_context(comm_.get());
       s->group_->set_is_root(s == this);
+      if (comm_->streams == nullptr) comm_->streams = s->group_->streams();
     }
   }
+}
+
+// Note [FSDP streams]: the shards were last written by the optimizer step, and nothing else
+// writes them until the next one; so, as FSDP2's root pre-forward, the copy-in stream waits
+// once per forward, on the user's post-optimizer event when there is one, else on the compute
+// stream, and the all-gathers of this forward and its backward need no wait of their own.
+void FSDPState::order_all_gather_inputs() {
+  std::shared_ptr<c10::Event> event = std::move(post_optim_event_);
+  post_optim_event_.reset();
+  DeviceStreams* streams = comm_->streams;
+  if (streams == nullptr) return;
+  if (event) {
+    streams->wait_event(StreamRole::kAllGatherCopyIn, *event);
+  } else {
+    streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
+  }
+  comm_->all_gather_inputs_ordered = true;
 }
 
 std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
@@ -107,6 +126,7 @@ std::vector<at::Tensor> FSDPState::pre_forward(std::vector<at::Tensor> inputs) {
       join::Join::notify_join_context(*joinable_);
     }
     if (!initialized_) lazy_init();
+    order_all_gather_inputs();
     if (torch::autograd::GradMode::is_enabled()) comm_->begin_step();
     in_forward_ = true;
     for (FSDPState* s : tree_) s->ran_forward_this_step_ = false;
@@ -135,6 +155,7 @@ std::vector<at::Tensor> FSDPState::post_forward(std::vector<at::Tensor> outputs)
   if (grad) outputs = register_pre_backward(this, std::move(outputs));
   if (is_root_) {
     in_forward_ = false;
+    if (!grad) comm_->all_gather_inputs_ordered = false;  // no backward follows
     if (!comm_->order_frozen()) comm_->freeze_order();
     // Note [Bypass check]: once, on the first forward that builds a graph.
     if (grad && !bypass_checked_) {
@@ -171,6 +192,7 @@ void FSDPState::root_post_backward_final_callback() {
     // at its next pre-backward (ParamGroup::pre_backward), before it stashes gradients.
     if (is_last_backward_) comm_->finish_pending_reduce();
     comm_->end_step();
+    comm_->all_gather_inputs_ordered = false;  // the optimizer step comes next
   }
   // Note [FSDP streams]: what runs after backward (the optimizer) sees the installed
   // gradients.

@@ -42,6 +42,9 @@ class FSDPState {
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
   FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
   void set_is_last_backward(bool last) { is_last_backward_ = last; }
+  void set_post_optim_event(std::shared_ptr<c10::Event> event) {
+    post_optim_event_ = std::move(event);
+  }
   /// fully_shard over several modules: this state is theirs (the first is module()).
   void set_module_count(size_t count) { module_count_ = count; }
   bool is_root() const { return is_root_; }
@@ -59,6 +62,7 @@ class FSDPState {
 
  private:
   void lazy_init();
+  void order_all_gather_inputs();
   [[noreturn]] void throw_not_materialized() const;
   FSDPState* top() const;
   void check_no_bypass(const std::vector<at::Tensor>& outputs) const;
@@ -77,7 +81,9 @@ class FSDPState {
   std::unique_ptr<CommContext> comm_;
   bool in_forward_ = false;
   bool callback_queued_ = false;
-  bool is_last_backward_ = true;  // read on the root (FSDPModule::set_is_last_backward)
+  bool is_last_backward_ = true;
+  std::shared_ptr<c10::Event> post_optim_event_;  // the root's, for its next forward  // read on
+                                                  // the root (FSDPModule::set_is_last_backward)
   size_t module_count_ = 1;
   bool bypass_checked_ = false;
   bool ran_forward_this_step_ = false;

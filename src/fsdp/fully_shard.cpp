@@ -395,6 +395,10 @@ void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse)
     g->set_requires_all_reduce(requires_all_reduce);
 }
 
+void FSDPModule::set_post_optim_event(std::shared_ptr<c10::Event> event) {
+  state().set_post_optim_event(std::move(event));
+}
+
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
   state().set_is_last_backward(is_last_backward);
 }

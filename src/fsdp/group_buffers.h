@@ -56,7 +56,10 @@ class GroupBuffers {
 
   /// Issues the all-gather of this rank's shards over the shard group, or, when `slab` is
   /// defined, of a post-forward slab over `slab_group` (Note [Reshard to a smaller group]).
-  virtual void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group) = 0;
+  /// `inputs_ordered`: the copy-in stream already waited for the last writes of the shards
+  /// (Note [FSDP streams]); the copy-in then needs no wait of its own.
+  virtual void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group,
+                                bool inputs_ordered) = 0;
   /// The all-gather in flight (null when none).
   virtual const WorkPtr& all_gather_work() const = 0;
   /// Once all_gather_work() completed: every parameter's unsharded tensor holds the gathered

@@ -149,8 +149,9 @@ void ParamGroup::unshard(bool async_op) {
                    this});
   }
   const bool from_slab = shard_state_ == ShardState::kShardedPostForward;
-  buffers_->start_all_gather(from_slab ? post_forward_slab_.view({-1}) : at::Tensor(),
-                             config_.post_forward_group);
+  buffers_->start_all_gather(
+      from_slab ? post_forward_slab_.view({-1}) : at::Tensor(), config_.post_forward_group,
+      /*inputs_ordered=*/comm_ != nullptr && comm_->all_gather_inputs_ordered);
   shard_state_ = ShardState::kUnsharding;
   ++stats_.all_gathers;
   if (!async_op) wait_for_unshard();

@@ -112,6 +112,8 @@ class ParamGroup {
   /// stream, and the host for gradients still being copied to it (CPU offload). Called at the
   /// end of backward for every group, and before a backward adds to the gradients.
   void join_reduce_stream();
+  /// The compute device's FSDP streams (null on the CPU).
+  DeviceStreams* streams() const { return streams_; }
   /// End of backward: runs any post-backward that autograd did not trigger, reshards,
   /// returns to idle.
   void finalize_backward();

@@ -7,16 +7,20 @@
 
 namespace tdist::fsdp::detail {
 
-void PerCallBuffers::start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group) {
+void PerCallBuffers::start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group,
+                                      bool inputs_ordered) {
   const FlatLayout& layout = *context_.layout;
   if (slab.defined()) {
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
-    // k slabs of the small group rebuilds the whole [world, total] buffer.
+    // k slabs of the small group rebuilds the whole [world, total] buffer. The compute
+    // stream wrote it (post_forward): the copy-in waits for it.
     all_gather_ = foreach_all_gather(context_.params, layout, slab_group, context_.labels.module,
-                                     context_.stats, context_.streams, slab);
+                                     context_.stats, context_.streams,
+                                     /*wait_for_compute=*/true, slab);
   } else {
     all_gather_ = foreach_all_gather(context_.params, layout, context_.group,
-                                     context_.labels.module, context_.stats, context_.streams);
+                                     context_.labels.module, context_.stats, context_.streams,
+                                     /*wait_for_compute=*/!inputs_ordered);
   }
 }
 

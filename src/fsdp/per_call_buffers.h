@@ -12,7 +12,8 @@ class PerCallBuffers final : public GroupBuffers {
  public:
   explicit PerCallBuffers(const GroupBuffersContext& context) : context_(context) {}
 
-  void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group) override;
+  void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group,
+                        bool inputs_ordered) override;
   const WorkPtr& all_gather_work() const override { return all_gather_.work; }
   void finish_all_gather() override;
   void free_unsharded() override;

@@ -92,8 +92,8 @@ size_t PersistentBuffers::unsharded_block_bytes() const {
   return static_cast<size_t>(world() * flat_.total) * element_size_;
 }
 
-void PersistentBuffers::start_all_gather(const at::Tensor& slab,
-                                         const ProcessGroupPtr& slab_group) {
+void PersistentBuffers::start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group,
+                                         bool /*inputs_ordered: CPU groups have no streams*/) {
   TraceScope trace("FSDP::all_gather", context_.labels.module);
   FSDPStats& stats = context_.stats;
   all_gather_input_ = slab.defined() ? slab : flat_shard_;

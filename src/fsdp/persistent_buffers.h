@@ -25,7 +25,8 @@ class PersistentBuffers final : public GroupBuffers {
   PersistentBuffers(const PersistentBuffers&) = delete;
   PersistentBuffers& operator=(const PersistentBuffers&) = delete;
 
-  void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group) override;
+  void start_all_gather(const at::Tensor& slab, const ProcessGroupPtr& slab_group,
+                        bool inputs_ordered) override;
   const WorkPtr& all_gather_work() const override { return all_gather_work_; }
   void finish_all_gather() override;
   void free_unsharded() override;

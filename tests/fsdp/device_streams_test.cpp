@@ -32,6 +32,9 @@ class RecordingStreams final : public DeviceStreams {
   void wait(StreamRole waiter, StreamRole producer) override {
     log(std::string("wait ") + to_string(waiter) + "<-" + to_string(producer));
   }
+  void wait_event(StreamRole waiter, const c10::Event&) override {
+    log(std::string("wait ") + to_string(waiter) + "<-event");
+  }
   void enter(StreamRole role) override {
     entered_.push_back(role);
     log(std::string("enter ") + to_string(role));
@@ -69,7 +72,8 @@ size_t count(const std::vector<std::string>& log, const std::string& line) {
 // Two steps of the tiny model (bf16 mixed precision: the general buffers, which carry the
 // streams) in one rank; returns the parameters at the end.
 std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>& streams,
-                                        std::vector<std::string>* step_log) {
+                                        std::vector<std::string>* step_log,
+                                        bool post_optim_event = false) {
   init_process_group(InitProcessGroupOptions()
                          .backend("gloo")
                          .store(std::make_shared<HashStore>())
@@ -87,12 +91,15 @@ std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>&
     for (auto& block : model->blocks) fully_shard(block, options);
     FullyShardOptions root = options;
     root.mp_policy(MixedPrecisionPolicy(options.mp_policy()).output_dtype(torch::kFloat));
-    fully_shard(model, root);
+    FSDPModule root_handle = fully_shard(model, root);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
     for (int step = 0; step < 2; ++step) {
       auto [x, y] = testing::tiny_batch(c, 2, step);
       opt.zero_grad();
       if (streams) streams->take();
+      if (post_optim_event && step == 1) {
+        root_handle.set_post_optim_event(std::make_shared<c10::Event>(c10::kCPU));
+      }
       testing::lm_loss(forward(model, x), y).backward();
       if (streams && step == 1) *step_log = streams->take();
       opt.step();
@@ -121,18 +128,18 @@ TEST(FSDPStreams, TrainingStepOrdersCopiesAndCollectivesAsFsdp2) {
   const size_t reduce_scatter_scopes = count(log, "enter reduce_scatter");
   EXPECT_EQ(all_gathers, 5u) << joined;  // this log is backward only: forward ran before
   EXPECT_EQ(reduce_scatter_scopes, 2u * 3u) << joined;  // issue + finish per group
+  // The root's pre-forward orders the copy-in stream after the optimizer step, once; the
+  // all-gathers of the forward and the backward then wait for nothing more.
+  EXPECT_EQ(log.front(), "wait all_gather_copy_in<-compute") << joined;
   for (size_t i = 0; i < log.size(); ++i) {
     if (log[i] == "enter all_gather_copy_in") {
-      // The copy-in and the issue wait for the compute stream first.
-      ASSERT_GT(i, 0u);
-      EXPECT_EQ(log[i - 1], "wait all_gather_copy_in<-compute") << joined;
-      EXPECT_EQ(log.at(i + 1), "leave all_gather_copy_in") << joined;
+      EXPECT_EQ(log.at(i + 1), "leave all_gather_copy_in") << joined;  // copy-in and issue
     }
   }
   // Each copy-out: the compute stream waits for the copy-in stream, then the copy-in stream
   // for the compute stream (the buffers are freed).
   EXPECT_EQ(count(log, "wait compute<-all_gather_copy_in"), all_gathers) << joined;
-  EXPECT_EQ(count(log, "wait all_gather_copy_in<-compute"), 2 * all_gathers) << joined;
+  EXPECT_EQ(count(log, "wait all_gather_copy_in<-compute"), 1 + all_gathers) << joined;
   // Each reduce-scatter is issued after the compute stream (the gradients' copy-in) ...
   EXPECT_EQ(count(log, "wait reduce_scatter<-compute"), 3u) << joined;
   // ... and the compute stream joins the reduce-scatter stream once per group at the end,
@@ -145,6 +152,21 @@ TEST(FSDPStreams, TrainingStepOrdersCopiesAndCollectivesAsFsdp2) {
     if (log[i] == "wait compute<-reduce_scatter") first_join = std::min(first_join, i);
   }
   EXPECT_LT(last_leave, first_join) << joined;
+}
+
+// FSDPModule::set_post_optim_event: the next forward's copy-in stream waits for that event
+// instead of the compute stream, once; the event is then dropped.
+TEST(FSDPStreams, PostOptimEventReplacesTheComputeStreamWait) {
+  auto streams = std::make_shared<RecordingStreams>();
+  std::vector<std::string> log;
+  train_two_steps(streams, &log, /*post_optim_event=*/true);
+  std::string joined;
+  for (const auto& line : log) joined += line + "\n";
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front(), "wait all_gather_copy_in<-event") << joined;
+  EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
+  // Left: the waits after each of the 5 copy-outs.
+  EXPECT_EQ(count(log, "wait all_gather_copy_in<-compute"), 5u) << joined;
 }
 
 // ---- the real DeviceStreams on a fake device ----------------------------------------------

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -191,6 +192,12 @@ class FSDPModule {
   /// gradients land at the start of the following backward. Set it back to true before the
   /// last microbatch: that backward returns with every gradient in place.
   void set_is_last_backward(bool is_last_backward);
+  /// FSDP2's set_post_optim_event, on the root: the next forward's all-gather copy-ins wait
+  /// for `event` (recorded by the caller after optimizer.step()) instead of for everything
+  /// queued on the current stream, which may hold unrelated work; used once, then dropped,
+  /// so set a new one every step. Without streams (the CPU) there is nothing to order and
+  /// the event is dropped.
+  void set_post_optim_event(std::shared_ptr<c10::Event> event);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
   detail::FSDPState& state() const;
