@@ -120,11 +120,12 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
       }
     }
   }
-  result.output = at::empty({layout.total}, options);
   const at::Tensor flat_input = result.input.view({-1});
-  // Note [FSDP streams]: copied in on the compute stream, issued on the reduce-scatter's.
+  // Note [FSDP streams]: copied in on the compute stream, issued on the reduce-scatter's. The
+  // output is that stream's: it is divided and read there, and freed back to its pool.
   if (streams != nullptr) streams->wait(StreamRole::kReduceScatter, StreamRole::kCompute);
   StreamScope on_reduce_scatter(streams, StreamRole::kReduceScatter);
+  result.output = at::empty({layout.total}, options);
   if (group->size() == 1) {
     result.output.copy_(flat_input);
     CommTimer issue(stats.comm_issue_ns);
