@@ -83,6 +83,16 @@ double global_mean(double local) {
   return t.item<double>() / get_world_size();
 }
 
+/// One step of the single-process reference on the whole global batch; returns its loss.
+double reference_step(TinyTransformer& ref, torch::optim::Optimizer& opt, const at::Tensor& x,
+                      const at::Tensor& y) {
+  opt.zero_grad();
+  auto loss = fsdp::testing::lm_loss(ref->forward(x), y);
+  loss.backward();
+  opt.step();
+  return loss.item<double>();
+}
+
 /// Max |a - b| over the full parameters of `model` (FSDP or plain) and `ref`.
 double max_param_diff(TinyTransformer& model, TinyTransformer& ref, bool sharded) {
   std::optional<fsdp::SummonFullParams> full;
@@ -127,10 +137,7 @@ TDIST_SCENARIO(tc_fsdp) {
   const double loss_tol = mode == "bf16" ? kBf16RelTol : kFp32Tol;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step);
-    ref_opt.zero_grad();
-    auto ref_loss = fsdp::testing::lm_loss(ref->forward(x), y);
-    ref_loss.backward();
-    ref_opt.step();
+    const double want = reference_step(ref, ref_opt, x, y);
     opt.zero_grad();
     auto loss = fsdp::testing::lm_loss(fsdp::forward(model, rows_of_rank(x)), rows_of_rank(y));
     loss.backward();
@@ -139,7 +146,6 @@ TDIST_SCENARIO(tc_fsdp) {
       EXPECT_EQ(p.grad().device(), shard_device);
     }
     opt.step();
-    const double want = ref_loss.item<double>();
     EXPECT_NEAR(global_mean(loss.item<double>()), want, loss_tol * std::max(1.0, std::abs(want)))
         << mode << " step " << step;
   }
@@ -158,17 +164,13 @@ TDIST_SCENARIO(tc_ddp) {
   auto opt = make_adamw(model);
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step);
-    ref_opt.zero_grad();
-    auto ref_loss = fsdp::testing::lm_loss(ref->forward(x), y);
-    ref_loss.backward();
-    ref_opt.step();
+    const double want = reference_step(ref, ref_opt, x, y);
     opt.zero_grad();
     auto out = ddp.forward([&] { return model->forward(rows_of_rank(x)); });
     auto loss = fsdp::testing::lm_loss(out, rows_of_rank(y));
     loss.backward();
     for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().device(), device());
     opt.step();
-    const double want = ref_loss.item<double>();
     EXPECT_NEAR(global_mean(loss.item<double>()), want, kFp32Tol * std::max(1.0, std::abs(want)))
         << "step " << step;
   }
