@@ -27,9 +27,6 @@
 #include "gpt/parallel.h"
 #include "gpt/world.h"
 #include "tdist/checkpoint/interchange.h"
-#ifdef TDIST_BENCH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 namespace {
 
@@ -46,21 +43,6 @@ struct Options {
   std::string device = "cpu";
   bool cpu_offload = false;
 };
-
-// The most bytes the caching allocator had handed out on `device` (0 on the CPU), as
-// torch.cuda.max_memory_allocated.
-double peak_device_bytes(const c10::Device& device) {
-#ifdef TDIST_BENCH_CUDA
-  if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return static_cast<double>(
-        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-            .peak);
-  }
-#endif
-  (void)device;
-  return 0.0;
-}
 
 int run_rank(const Options& o) {
   gpt::World world = gpt::init_world(300, o.device);
@@ -115,7 +97,8 @@ int run_rank(const Options& o) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto peaks =
       gpt::all_gather_values(world, static_cast<double>(gpt::memory_usage().peak_bytes));
-  const auto device_peaks = gpt::all_gather_values(world, peak_device_bytes(world.device));
+  const auto device_peaks = gpt::all_gather_values(
+      world, static_cast<double>(gpt::device_memory_usage(world.device).peak_bytes));
   const auto losses = gpt::all_gather_values(world, loss_value);
   bool ok = true;
   for (double l : losses) ok = ok && std::isfinite(l);

@@ -3,6 +3,10 @@
 #include <fstream>
 #include <string>
 
+#ifdef TDIST_GPT_CUDA_MEMORY
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 namespace gpt {
 
 MemoryUsage memory_usage() {
@@ -16,6 +20,22 @@ MemoryUsage memory_usage() {
     if (line.rfind("VmRSS:", 0) == 0) usage.rss_bytes = kib(line);
     if (line.rfind("VmHWM:", 0) == 0) usage.peak_bytes = kib(line);
   }
+  return usage;
+}
+
+DeviceMemoryUsage device_memory_usage(const c10::Device& device) {
+  DeviceMemoryUsage usage;
+#ifdef TDIST_GPT_CUDA_MEMORY
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& bytes =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    usage.allocated_bytes = bytes.current;
+    usage.peak_bytes = bytes.peak;
+  }
+#else
+  (void)device;
+#endif
   return usage;
 }
 
