@@ -7,6 +7,7 @@
 // The benchmark checks what it times: the loss must be finite and the ranks must agree on
 // it (column "ok").
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,23 +106,21 @@ int run_rank(const Options& o) {
   const double tokens =
       static_cast<double>(o.batch_size) * o.model.block_size * o.steps * world.world_size;
   if (world.is_main()) {
-    double peak_max = 0;
-    for (double p : peaks) peak_max = std::max(peak_max, p);
-    double device_peak_max = 0;
-    for (double p : device_peaks) device_peak_max = std::max(device_peak_max, p);
+    const std::string device_name = c10::DeviceTypeName(world.device.type(), /*lower_case=*/true);
+    const double peak_max = *std::max_element(peaks.begin(), peaks.end());
+    const double device_peak_max = *std::max_element(device_peaks.begin(), device_peaks.end());
     const std::string name = "tdist " + to_string(mode) + (o.cpu_offload ? "+offload" : "");
     std::printf("%-20s %-6s %5d %9.2fM %11.0f %9.1f %14.0f %14.0f %10.4f %4s\n", name.c_str(),
-                world.device.is_cuda() ? "cuda" : "cpu", world.world_size,
-                o.model.num_parameters() / 1e6, tokens / seconds, seconds / o.steps * 1e3,
-                peak_max / (1024.0 * 1024.0), device_peak_max / (1024.0 * 1024.0), losses[0],
-                ok ? "yes" : "NO");
+                device_name.c_str(), world.world_size, o.model.num_parameters() / 1e6,
+                tokens / seconds, seconds / o.steps * 1e3, peak_max / (1024.0 * 1024.0),
+                device_peak_max / (1024.0 * 1024.0), losses[0], ok ? "yes" : "NO");
     std::fflush(stdout);
     if (!o.json_path.empty()) {
       std::ofstream(o.json_path, std::ios::app)
           << nlohmann::json{{"impl", "tdist"},
                             {"mode", to_string(mode)},
                             {"cpu_offload", o.cpu_offload},
-                            {"device", world.device.is_cuda() ? "cuda" : "cpu"},
+                            {"device", device_name},
                             {"parameters", o.model.num_parameters()},
                             {"world_size", world.world_size},
                             {"tokens_per_s", tokens / seconds},

@@ -330,11 +330,10 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     const double loss = all_mean(world, {loss_sum})[0];
     const auto rss = all_gather_values(world, static_cast<double>(memory_usage().rss_bytes));
     // GPU memory per rank (zeros on the CPU, without the collective).
-    const auto on_device =
-        world.device.is_cuda()
-            ? all_gather_values(
-                  world, static_cast<double>(device_memory_usage(world.device).allocated_bytes))
-            : std::vector<double>(static_cast<size_t>(world.world_size), 0.0);
+    const DeviceMemoryUsage gpu = device_memory_usage(world.device);
+    const auto on_device = world.device.is_cuda()
+                               ? all_gather_values(world, static_cast<double>(gpu.allocated_bytes))
+                               : std::vector<double>(static_cast<size_t>(world.world_size), 0.0);
     result.train_loss.push_back(loss);
     const int64_t done = step + 1;
     result.steps_done = done;
@@ -361,7 +360,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
                       {"rss_bytes", rss_bytes},
                       {"peak_rss_bytes", memory_usage().peak_bytes},
                       {"device_bytes", std::vector<int64_t>(on_device.begin(), on_device.end())},
-                      {"peak_device_bytes", device_memory_usage(world.device).peak_bytes},
+                      {"peak_device_bytes", gpu.peak_bytes},
                       {"time_s", elapsed}});
       if (show) {
         ProgressState state;

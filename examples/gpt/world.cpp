@@ -29,6 +29,16 @@ int env_int(const char* name, int fallback) {
                                           "' is not an integer; unset it or launch with tdistrun");
 }
 
+#ifdef TDIST_GPT_WITH_COMM
+// The backends for the rank's device, bound to its GPU on CUDA.
+tdist::InitProcessGroupOptions group_options(const World& world) {
+  auto options = tdist::InitProcessGroupOptions().backend(
+      backend_for(world.device, tdist::is_nccl_available()));
+  if (world.device.is_cuda()) options.device_id(world.device.str());
+  return options;
+}
+#endif
+
 }  // namespace
 
 World init_world(int timeout_s, const std::string& device) {
@@ -45,14 +55,11 @@ World init_world(int timeout_s, const std::string& device) {
   world.device = resolve_device(device, world.local_rank, world.local_world_size);
   if (!world.distributed()) return world;
 #ifdef TDIST_GPT_WITH_COMM
-  auto options = tdist::InitProcessGroupOptions()
-                     .backend(backend_for(world.device, tdist::is_nccl_available()))
-                     .init_method("env://")
-                     .rank(world.rank)
-                     .world_size(world.world_size)
-                     .timeout(std::chrono::seconds(timeout_s));
-  if (world.device.is_cuda()) options.device_id(world.device.str());
-  tdist::init_process_group(options);
+  tdist::init_process_group(group_options(world)
+                                .init_method("env://")
+                                .rank(world.rank)
+                                .world_size(world.world_size)
+                                .timeout(std::chrono::seconds(timeout_s)));
 #else
   (void)timeout_s;
   TDIST_THROW(tdist::InvalidArgument,
@@ -69,24 +76,17 @@ void ensure_process_group(const World& world) {
   TDIST_CHECK_ARG(!world.distributed(),
                   "ensure_process_group: WORLD_SIZE=" + std::to_string(world.world_size) +
                       " but init_world joined no process group");
-  auto options = tdist::InitProcessGroupOptions()
-                     .backend(backend_for(world.device, tdist::is_nccl_available()))
-                     .store(std::make_shared<tdist::HashStore>())
-                     .rank(0)
-                     .world_size(1);
-  if (world.device.is_cuda()) options.device_id(world.device.str());
-  tdist::init_process_group(options);
+  tdist::init_process_group(
+      group_options(world).store(std::make_shared<tdist::HashStore>()).rank(0).world_size(1));
 #else
   (void)world;
 #endif
 }
 
 void shutdown_world(const World& world) {
+  (void)world;
 #ifdef TDIST_GPT_WITH_COMM
-  (void)world;
   if (tdist::is_initialized()) tdist::destroy_process_group();
-#else
-  (void)world;
 #endif
 }
 

@@ -99,8 +99,7 @@ void FSDPState::lazy_init() {
 // once per forward, on the user's post-optimizer event when there is one, else on the compute
 // stream, and the all-gathers of this forward and its backward need no wait of their own.
 void FSDPState::order_all_gather_inputs() {
-  std::shared_ptr<c10::Event> event = std::move(post_optim_event_);
-  post_optim_event_.reset();
+  const std::shared_ptr<c10::Event> event = std::move(post_optim_event_);  // used once
   DeviceStreams* streams = comm_->streams;
   if (streams == nullptr) return;
   if (event) {
