@@ -10,8 +10,9 @@
 #  3. training: a 116M-parameter GPT at world 1: plain LibTorch, tdist FSDP, tdist FSDP with
 #     CPU offload, PyTorch fully_shard (with and without offload), step time and peak GPU
 #     memory (bench/train/gpu_report.py).
-# Each part's log goes to $OUT. Exit status: non-zero if any suite failed or skipped or a
-# benchmark failed its own checks.
+# Each part's log goes to $OUT. Exit status: non-zero if any suite failed or skipped, a
+# benchmark failed its own checks, or a part did not fit in the budget (GPU_CHECK_BUDGET_S,
+# default 480 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -28,10 +29,36 @@ BIN=.gpu-carry/bin
 nvidia-smi -L
 python3 -c 'import torch; print("torch", torch.__version__, "built for", open(".gpu-carry/torch-version.txt").read().strip(), "|", torch.cuda.get_device_name(0))'
 echo "binaries of commit $(cat .gpu-carry/commit.txt 2>/dev/null || echo '?'), tree at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# Preflight, in a second: every binary finds its libraries and symbol versions here, so a
+# machine unlike this one's recipe fails now, naming what is missing, not after minutes.
+if command -v ldd > /dev/null; then
+  unresolved=$(for b in "$BIN"/*; do ldd "$b" 2>&1 | sed "s|^|$(basename "$b"): |"; done |
+               grep 'not found' | sort -u)
+  if [ -n "$unresolved" ]; then
+    echo "gpu-check: the packed binaries cannot load here (they need" \
+         "$(paste -sd' ' .gpu-carry/requires.txt 2>/dev/null); this machine's C library:" \
+         "$(ldd --version | head -1)):" >&2
+    echo "$unresolved" >&2
+    echo "gpu-check: build them here instead, or pack the missing libraries (tools/gpu-pack.sh)" >&2
+    exit 3
+  fi
+fi
 status=0
+# One budget for the whole check (the device call's own limit is the hard stop): a part that
+# hangs until its own limit leaves the rest less time, and what no longer fits is reported as
+# not run instead of the call being cut off before the tables are written.
+BUDGET_S=${GPU_CHECK_BUDGET_S:-480}
+END=$(( $(date +%s) + BUDGET_S ))
 step() {  # step NAME TIMEOUT COMMAND...: runs one part, logs it, prints a summary line
   local name=$1 limit=$2
   shift 2
+  local left=$(( END - $(date +%s) ))
+  if (( left < 15 )); then
+    echo "== $name: not run: the check's ${BUDGET_S} s budget is spent" | tee "$OUT/$name.log"
+    status=1
+    return 1
+  fi
+  (( limit > left )) && limit=$left
   local start
   start=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1

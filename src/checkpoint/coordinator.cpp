@@ -61,17 +61,24 @@ int ProcessGroupCoordinator::world_size() const {
 
 std::vector<std::string> ProcessGroupCoordinator::all_gather(const std::string& message) {
   const int n = group_->size();
-  at::Tensor length = at::full({1}, static_cast<int64_t>(message.size()), at::kLong);
+  // On the group's device: a group of nccl alone has no CPU backend.
+  const c10::Device device = tdist::get_default_device(group_);
+  at::Tensor length = at::full({1}, static_cast<int64_t>(message.size()), at::kLong).to(device);
   std::vector<at::Tensor> lengths;
-  for (int r = 0; r < n; ++r) lengths.push_back(at::empty({1}, at::kLong));
+  for (int r = 0; r < n; ++r)
+    lengths.push_back(at::empty({1}, at::dtype(at::kLong).device(device)));
   tdist::all_gather(lengths, length, group_);
+  for (auto& l : lengths) l = l.cpu();
   int64_t longest = 1;
   for (const auto& l : lengths) longest = std::max(longest, l.item<int64_t>());
   at::Tensor mine = at::zeros({longest}, at::kByte);
   std::memcpy(mine.data_ptr<uint8_t>(), message.data(), message.size());
+  mine = mine.to(device);
   std::vector<at::Tensor> all;
-  for (int r = 0; r < n; ++r) all.push_back(at::empty({longest}, at::kByte));
+  for (int r = 0; r < n; ++r)
+    all.push_back(at::empty({longest}, at::dtype(at::kByte).device(device)));
   tdist::all_gather(all, mine, group_);
+  for (auto& a : all) a = a.cpu();
   std::vector<std::string> out;
   for (int r = 0; r < n; ++r) {
     const auto* p = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tdist/comm/engine/op_codes.h"
 #include "tdist/error.h"
 
@@ -88,19 +91,106 @@ CallSignature signature_of(std::string op, const at::Tensor& tensor, bool check_
   return s;
 }
 
-void check_call_signature(ProcessGroup& pg, const CallSignature& signature) {
-  if (pg.size() == 1) return;
-  auto mine = fingerprint(signature);
+namespace {
+
+/// Every rank's fingerprint through the group's host backend, rank after rank.
+std::vector<int64_t> gather_through_backend(ProcessGroup& pg, const std::vector<int64_t>& mine) {
   at::Tensor input = torch::tensor(mine, torch::kInt64);
   at::Tensor output = torch::empty({pg.size() * kFields}, torch::kInt64);
-  CollectiveBackend& backend = pg.default_backend();
   AllgatherOptions opts;
   opts.timeout = pg.timeout();
   opts.tag = "TDIST_DEBUG signature check";
-  backend.all_gather_into_tensor(output, input, opts)->wait();
-  const int64_t* all = output.data_ptr<int64_t>();
+  pg.backend("cpu").all_gather_into_tensor(output, input, opts)->wait();
+  return std::vector<int64_t>(output.data_ptr<int64_t>(),
+                              output.data_ptr<int64_t>() + output.numel());
+}
+
+std::string signature_key(uint64_t sequence_number, int rank) {
+  return "signature_check/" + std::to_string(sequence_number) + "/" + std::to_string(rank);
+}
+
+/// Every rank's fingerprint through the group's store, for a group with device backends only
+/// (an "nccl" group): fingerprints are host data, and a device collective would return them
+/// stream-ordered (c10d pairs such a group with a gloo helper for these checks instead).
+std::vector<int64_t> gather_through_store(ProcessGroup& pg, const std::vector<int64_t>& mine) {
+  Store& store = *pg.store();
+  const uint64_t seq = pg.sequence_number();
+  const auto* bytes = reinterpret_cast<const uint8_t*>(mine.data());
+  store.set(signature_key(seq, pg.rank()),
+            std::vector<uint8_t>(bytes, bytes + mine.size() * sizeof(int64_t)));
+  std::vector<std::string> keys;
+  for (int r = 0; r < pg.size(); ++r) keys.push_back(signature_key(seq, r));
+  try {
+    store.wait(keys, pg.timeout());
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < pg.size(); ++r) {
+      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    TDIST_THROW(TimeoutError, "rank " + std::to_string(pg.rank()) +
+                                  ": TDIST_DEBUG=DETAIL signature check in process group '" +
+                                  pg.name() + "' at sequence number " + std::to_string(seq) +
+                                  ": group ranks [" + missing + "] did not reach it within " +
+                                  std::to_string(pg.timeout().count()) + " ms");
+  }
+  std::vector<int64_t> all;
+  for (const auto& key : keys) {
+    const std::vector<uint8_t> value = store.get(key);
+    if (value.size() != kFields * sizeof(int64_t)) {
+      TDIST_THROW(DistBackendError,
+                  "TDIST_DEBUG=DETAIL: the store holds a malformed signature "
+                  "under '" +
+                      key + "' (" + std::to_string(value.size()) +
+                      " bytes); do all ranks run the same tdist?");
+    }
+    const auto* fields = reinterpret_cast<const int64_t*>(value.data());
+    all.insert(all.end(), fields, fields + kFields);
+  }
+  // Each rank wrote this check's key after reading every key of the previous one, so that
+  // one is read everywhere now: this rank's can go (the store does not grow with the run).
+  if (seq > 0) store.delete_key(signature_key(seq - 1, pg.rank()));
+  return all;
+}
+
+/// Until `key` counts `n` or a short bound passes (a rank that never arrives does not hold
+/// the error back long).
+void wait_for_count(Store& store, const std::string& key, int64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (store.add(key, 0) < n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+/// Before a mismatch found through the store is raised on every rank: the rank hosting the
+/// store (whichever it is) must not exit while another still talks to it. Each rank counts
+/// itself "read" and waits for all; then "leaving", and waits for all while the store lasts.
+/// No rank can leave before every rank has finished the first wait, and only the second
+/// round, whose answers nobody needs, may meet a store already gone.
+void leave_store_together(ProcessGroup& pg) {
+  Store& store = *pg.store();
+  const std::string base = "signature_check/" + std::to_string(pg.sequence_number()) + "/";
+  store.add(base + "read", 1);
+  wait_for_count(store, base + "read", pg.size());
+  try {
+    store.add(base + "leaving", 1);
+    wait_for_count(store, base + "leaving", pg.size());
+  } catch (const Error&) {
+    // The store's host left first; everyone was past the first round.
+  }
+}
+
+}  // namespace
+
+void check_call_signature(ProcessGroup& pg, const CallSignature& signature) {
+  if (pg.size() == 1) return;
+  const bool through_store = pg.backend_names().count("cpu") == 0;
+  const std::vector<int64_t> gathered = through_store
+                                            ? gather_through_store(pg, fingerprint(signature))
+                                            : gather_through_backend(pg, fingerprint(signature));
+  const int64_t* all = gathered.data();
   for (int r = 1; r < pg.size(); ++r) {
     if (!std::equal(all, all + kFields, all + r * kFields)) {
+      if (through_store) leave_store_together(pg);
       TDIST_THROW(DistBackendError,
                   "rank " + std::to_string(pg.rank()) +
                       ": TDIST_DEBUG=DETAIL found a collective "

@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "comm/comm_environment.h"
 #include "comm/host_staged_backend.h"
 #include "rendezvous.h"
@@ -238,6 +240,11 @@ void init_process_group(const InitProcessGroupOptions& options) {
   auto world = std::make_shared<ProcessGroup>("0", group_store, rank, ranks, timeout);
   world->set_debug_detail(debug);
   detail::create_backends(*world, spec, group_store, timeout, state->device_id);
+  // New groups' nccl binds the GPU the world's bound (its constructor made it current), not
+  // one chosen again from a group rank: rank 2 of a world on 4 GPUs is rank 0 of {2, 3}.
+  if (state->device_id.empty() && spec.count("cuda") && spec.at("cuda") == "nccl") {
+    state->device_id = c10::impl::VirtualGuardImpl(c10::kCUDA).getDevice().str();
+  }
   state->world = world;
   detail::state_slot() = std::move(state);
 }
@@ -263,6 +270,16 @@ void destroy_process_group(const ProcessGroupPtr& group) {
 
 ProcessGroupPtr group_world() {
   return detail::resolve_group(nullptr, "group_world");
+}
+
+c10::Device get_default_device(const ProcessGroupPtr& group) {
+  return detail::resolve_group(group, "get_default_device")->default_device();
+}
+
+at::Tensor to_collective_device(const at::Tensor& t, const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "to_collective_device");
+  const std::string type = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+  return pg->backend_names().count(type) ? t : t.to(pg->default_device());
 }
 
 ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options) {

@@ -40,22 +40,51 @@ class Staging {
     copied.record(side_);
     copied.synchronize();
   }
+  /// The copy writes `dst` on the side stream: marked in use there, so a caller that drops
+  /// `dst` at once cannot have its memory handed to another stream before the copy is done.
   void to_device(at::Tensor& dst, const at::Tensor& host) {
     c10::StreamGuard on_side(side_);
     dst.copy_(host, /*non_blocking=*/true);
+    if (dst.numel() > 0) impl_.recordDataPtrOnStream(dst.storage().data_ptr(), side_);
   }
-  /// The caller's stream waits for the copies back (the host does not).
-  void done() const {
+  /// The caller's stream waits for the copies back (the host does not); returns the event
+  /// that marks them, for a later wait on another stream.
+  c10::Event done() const {
     c10::Event back(device_.type());
     back.record(side_);
     back.block(caller_);
+    return back;
   }
+  const c10::Device& device() const { return device_; }
 
  private:
   c10::Device device_;
   c10::impl::VirtualGuardImpl impl_;
   c10::Stream caller_;
   c10::Stream side_;
+};
+
+/// A staged collective's Work: complete when returned (the host collective is done), and its
+/// wait() also makes the stream current then wait for the copies back, as c10d's Gloo work on
+/// CUDA tensors does, for a caller that issued on one stream and reads on another.
+class StagedWork : public Work {
+ public:
+  StagedWork(std::string op, std::vector<at::Tensor> outputs, c10::Event copied_back,
+             c10::Device device)
+      : Work(std::move(op), std::move(outputs)),
+        copied_back_(std::move(copied_back)),
+        device_(device) {
+    finish();
+  }
+
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) override {
+    copied_back_.block(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    return Work::wait(timeout);
+  }
+
+ private:
+  c10::Event copied_back_;
+  c10::Device device_;
 };
 
 std::vector<at::Tensor> to_host_all(Staging& s, const std::vector<at::Tensor>& ts) {
@@ -206,8 +235,7 @@ class HostStagedBackend : public CollectiveBackend {
   }
 
   WorkPtr finish(const Staging& s, const std::string& op, std::vector<at::Tensor> outputs) const {
-    s.done();
-    return completed_work(op, std::move(outputs));
+    return std::make_shared<StagedWork>(op, std::move(outputs), s.done(), s.device());
   }
 
   [[noreturn]] void not_staged(const std::string& op, const at::Tensor& t) const {

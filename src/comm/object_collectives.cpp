@@ -6,7 +6,6 @@
 
 #include <cstring>
 
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include "state.h"
@@ -16,14 +15,6 @@
 namespace tdist {
 
 namespace {
-
-/// Where the group exchanges the byte tensors.
-c10::Device object_device(const ProcessGroup& pg) {
-  const auto names = pg.backend_names();
-  if (names.count("cpu") || names.empty()) return c10::Device(c10::kCPU);
-  const c10::DeviceType type = c10::Device(names.begin()->first).type();
-  return c10::impl::VirtualGuardImpl(type).getDevice();
-}
 
 at::Tensor to_bytes_tensor(const std::vector<uint8_t>& bytes, int64_t padded,
                            const c10::Device& device) {
@@ -55,7 +46,7 @@ Object from_bytes_tensor(const at::Tensor& t, int64_t size, const std::string& o
   }
 }
 
-/// All members learn every member's byte count (exchanged on `device`, object_device's).
+/// All members learn every member's byte count (exchanged on `device`, the group's default device).
 std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg,
                                       const c10::Device& device) {
   at::Tensor in = int64_on(mine, device);
@@ -75,7 +66,7 @@ void broadcast_object_list(std::vector<Object>& object_list, int src,
   const bool is_src = pg->global_rank(pg->rank()) == src;
   std::vector<uint8_t> bytes;
   if (is_src) bytes = serialize_object(Object(object_list));
-  const c10::Device device = object_device(*pg);
+  const c10::Device device = pg->default_device();
   at::Tensor size = int64_on(static_cast<int64_t>(bytes.size()), device);
   broadcast(size, src, pg);
   const int64_t n = size.item<int64_t>();
@@ -91,7 +82,7 @@ void all_gather_object(std::vector<Object>& object_list, const Object& obj,
   auto pg = detail::resolve_group(group, "all_gather_object");
   if (!pg->is_member()) return;
   auto bytes = serialize_object(obj);
-  const c10::Device device = object_device(*pg);
+  const c10::Device device = pg->default_device();
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg, device);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   at::Tensor in = to_bytes_tensor(bytes, max_size, device);
@@ -115,7 +106,7 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
       !is_dst || object_gather_list != nullptr,
       "gather_object: rank " + std::to_string(dst) + " is dst and must pass an object_gather_list");
   auto bytes = serialize_object(obj);
-  const c10::Device device = object_device(*pg);
+  const c10::Device device = pg->default_device();
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg, device);
   int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   at::Tensor in = to_bytes_tensor(bytes, max_size, device);
@@ -151,7 +142,7 @@ void scatter_object_list(std::vector<Object>& scatter_object_output_list,
       max_size = std::max<int64_t>(max_size, parts.back().size());
     }
   }
-  const c10::Device device = object_device(*pg);
+  const c10::Device device = pg->default_device();
   at::Tensor max_t = int64_on(max_size, device);
   broadcast(max_t, src, pg);
   max_size = max_t.item<int64_t>();

@@ -1,5 +1,7 @@
 #include "tdist/comm/process_group.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "tdist/error.h"
 
 namespace tdist {
@@ -86,6 +88,12 @@ CollectiveBackend& ProcessGroup::backend_for(const at::Tensor& tensor) const {
 CollectiveBackend& ProcessGroup::default_backend() const {
   if (backends_.count("cpu") || backends_.empty()) return backend("cpu");
   return *backends_.begin()->second.second;
+}
+
+c10::Device ProcessGroup::default_device() const {
+  if (backends_.count("cpu") || backends_.empty()) return c10::Device(c10::kCPU);
+  const c10::DeviceType type = c10::Device(backends_.begin()->first).type();
+  return c10::impl::VirtualGuardImpl(type).getDevice();
 }
 
 }  // namespace tdist

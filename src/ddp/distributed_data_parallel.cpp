@@ -137,13 +137,14 @@ void DistributedDataParallel::broadcast_coalesced(const std::vector<at::Tensor>&
 }
 
 int DistributedDataParallel::find_common_rank(bool active) const {
-  at::Tensor rank = at::full({1}, active ? group_->rank() : -1, at::kInt);
+  at::Tensor rank =
+      to_collective_device(at::full({1}, active ? group_->rank() : -1, at::kInt), group_);
   all_reduce(rank, ReduceOp::MAX, group_);
   return rank.item<int>();
 }
 
 int DistributedDataParallel::global_grad_sync_count(bool wants_sync) const {
-  at::Tensor flag = at::full({1}, wants_sync ? 1 : 0, at::kInt);
+  at::Tensor flag = to_collective_device(at::full({1}, wants_sync ? 1 : 0, at::kInt), group_);
   all_reduce(flag, ReduceOp::SUM, group_);
   return flag.item<int>();
 }

@@ -52,7 +52,7 @@ std::vector<at::Tensor> allocate_buckets(const std::vector<int64_t>& numels,
       symmetric = false;  // /dev/shm full here: every rank falls back below
     }
   }
-  at::Tensor everyone = at::full({1}, symmetric ? 1 : 0, at::kInt);
+  at::Tensor everyone = to_collective_device(at::full({1}, symmetric ? 1 : 0, at::kInt), group);
   all_reduce(everyone, ReduceOp::MIN, group);
   if (everyone.item<int>() == 0) {
     buffers.clear();
@@ -202,9 +202,9 @@ void Reducer::launch(size_t b) {
 }
 
 at::Tensor Reducer::reduce_used_map() {
-  at::Tensor used = at::tensor(local_used_, at::kInt);
+  at::Tensor used = to_collective_device(at::tensor(local_used_, at::kInt), group_);
   all_reduce(used, ReduceOp::SUM, group_);
-  return used;
+  return used.cpu();
 }
 
 void Reducer::finalize_backward() {

@@ -122,7 +122,8 @@ FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::Tens
       shard.tensor = at::Tensor();  // /dev/shm full here: every rank falls back below
     }
   }
-  at::Tensor everyone = at::full({1}, shard.symmetric ? 1 : 0, at::kInt);
+  at::Tensor everyone =
+      to_collective_device(at::full({1}, shard.symmetric ? 1 : 0, at::kInt), group);
   all_reduce(everyone, ReduceOp::MIN, group);
   if (everyone.item<int>() == 0) {
     shard.symmetric = false;

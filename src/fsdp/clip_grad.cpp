@@ -76,7 +76,11 @@ at::Tensor clip_grad_norm_(const torch::nn::Module& module, double max_norm, dou
   at::Tensor total = local_partial(replicated, norm_type);
   for (auto& [pg, grads] : by_group) {
     at::Tensor part = local_partial(grads, norm_type);
-    if (pg->size() > 1) all_reduce(part, inf ? ReduceOp::MAX : ReduceOp::SUM, pg);
+    if (pg->size() > 1) {
+      at::Tensor on = to_collective_device(part, pg);  // offloaded gradients, nccl-only group
+      all_reduce(on, inf ? ReduceOp::MAX : ReduceOp::SUM, pg);
+      part = on.to(part.device());
+    }
     total = inf ? at::maximum(total, part) : total + part;
   }
   if (!inf) total = total.pow(1.0 / norm_type);

@@ -232,7 +232,11 @@ ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
     } else {
       t = at::empty(shape, at::TensorOptions().dtype(dtype));
     }
-    if (t.numel() > 0) broadcast(t, 0);
+    if (t.numel() > 0) {
+      at::Tensor on = to_collective_device(t);
+      broadcast(on, 0);
+      t = on.cpu();
+    }
     out[name] = ShardedTensor::whole(t);
   }
   return out;

@@ -62,7 +62,11 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int s
   std::unique_ptr<Communicator> out(new Communicator(comm, device));
   try {
     out->check(r, "communicator initialisation", Clock::now() + timeout);
+  } catch (const DistBackendError&) {
+    out->abort();  // a failed initialisation cannot be finalised (that would wait 10 s)
+    throw;
   } catch (const TimeoutError&) {
+    out->abort();
     TDIST_THROW(TimeoutError,
                 "nccl: rank " + std::to_string(rank) + " of " + std::to_string(size) +
                     ": the communicator did not come up within " + ms_text(timeout) +
@@ -73,13 +77,21 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int s
   return out;
 }
 
+Communicator::Lease Communicator::lease() const {
+  Lease lease(mutex_);
+  if (aborted_.load()) {
+    TDIST_THROW(DistBackendError,
+                "nccl: the communicator on cuda:" + std::to_string(device_) +
+                    " was aborted by an earlier failure; destroy the process group and "
+                    "create a new one");
+  }
+  return lease;
+}
+
 void Communicator::check(ncclResult_t result, const std::string& what, Clock::time_point deadline) {
   while (result == ncclInProgress) {
     if (Clock::now() >= deadline) {
-      abort();
-      TDIST_THROW(TimeoutError, "nccl: " + what +
-                                    " did not complete in time; the communicator "
-                                    "was aborted");
+      TDIST_THROW(TimeoutError, "nccl: " + what + " did not complete in time");
     }
     std::this_thread::yield();
     ncclCommGetAsyncError(comm_, &result);
@@ -90,6 +102,7 @@ void Communicator::check(ncclResult_t result, const std::string& what, Clock::ti
 }
 
 ncclResult_t Communicator::async_error() const {
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   if (aborted_.load()) return ncclSuccess;
   ncclResult_t result = ncclSuccess;
   if (ncclCommGetAsyncError(comm_, &result) != ncclSuccess) return ncclInternalError;
@@ -97,9 +110,10 @@ ncclResult_t Communicator::async_error() const {
 }
 
 void Communicator::abort() {
-  std::lock_guard<std::mutex> lock(abort_mutex_);
-  if (aborted_.exchange(true)) return;
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  if (aborted_.load()) return;
   ncclCommAbort(comm_);
+  aborted_.store(true);
 }
 
 Communicator::~Communicator() {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "tdist/store/store.h"
@@ -33,17 +34,25 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  /// Held while NCCL calls use the communicator: abort() waits for the holders, and no lease
+  /// is granted after it (DistBackendError), so no call reaches a freed communicator.
+  using Lease = std::shared_lock<std::shared_mutex>;
+  Lease lease() const;
+  /// The communicator, for calls made under a lease.
   ncclComm_t get() const { return comm_; }
   int device() const { return device_; }
 
-  /// Waits while `result` is ncclInProgress (the call is still being set up), then throws
-  /// DistBackendError for any error, TimeoutError (after abort()) past `deadline`.
+  /// Under a lease: waits while `result` is ncclInProgress (the call is still being set up),
+  /// then throws DistBackendError for any error, TimeoutError past `deadline` (the caller,
+  /// its lease released, aborts).
   void check(ncclResult_t result, const std::string& what, Clock::time_point deadline);
 
-  /// NCCL's asynchronous error (a failed peer, a network error); ncclSuccess when none.
+  /// NCCL's asynchronous error (a failed peer, a network error); ncclSuccess when none, or
+  /// once aborted.
   ncclResult_t async_error() const;
 
-  /// Aborts the communicator once: kernels of it in flight return, later calls fail.
+  /// Aborts the communicator once (waiting for the leases held): kernels of it in flight
+  /// return, later calls fail.
   void abort();
   bool aborted() const { return aborted_.load(); }
 
@@ -51,7 +60,7 @@ class Communicator {
   Communicator(ncclComm_t comm, int device) : comm_(comm), device_(device) {}
   ncclComm_t comm_;
   int device_;
-  std::mutex abort_mutex_;
+  mutable std::shared_mutex mutex_;
   std::atomic<bool> aborted_{false};
 };
 

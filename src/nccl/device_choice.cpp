@@ -36,7 +36,7 @@ int from_device_id(const std::string& device_id) {
 }  // namespace
 
 int choose_device_index(int requested, const std::string& device_id, const std::string& local_rank,
-                        int rank, int device_count) {
+                        int rank, int device_count, bool visible_devices_set) {
   if (device_count <= 0) {
     TDIST_THROW(DistBackendError,
                 "nccl: this process sees no CUDA GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES); "
@@ -56,6 +56,10 @@ int choose_device_index(int requested, const std::string& device_id, const std::
                                        "the launcher");
     }
     source = "LOCAL_RANK=" + local_rank;
+    // A scheduler that hands each process its own GPU (CUDA_VISIBLE_DEVICES per task) leaves
+    // one visible whatever the local rank: that one is meant. Without CUDA_VISIBLE_DEVICES,
+    // a second local rank on a one-GPU machine stays the error below.
+    if (device_count == 1 && visible_devices_set) index = 0;
   }
   if (index < 0) {
     index = rank % device_count;

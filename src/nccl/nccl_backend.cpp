@@ -22,6 +22,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "nccl/all_to_all_plan.h"
 #include "nccl/communicator.h"
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
@@ -204,28 +205,25 @@ class NCCLBackend : public CollectiveBackend {
                             const std::vector<int64_t>& output_split_sizes,
                             const std::vector<int64_t>& input_split_sizes,
                             const AllToAllOptions& opts) override {
-    const auto out_rows = splits_or_equal(output_split_sizes, output);
-    const auto in_rows = splits_or_equal(input_split_sizes, input);
-    return run(
-        "all_to_all_single", opts, {input}, {output}, [&](cudaStream_t s, Clock::time_point d) {
-          const ncclDataType_t type = nccl_dtype(input.scalar_type());
-          const int64_t row =
-              input.dim() == 0 ? 1 : input.numel() / std::max<int64_t>(1, input.size(0));
-          const size_t bytes = input.element_size();
-          auto* in = static_cast<char*>(input.data_ptr());
-          auto* out = static_cast<char*>(output.data_ptr());
-          group(d, [&] {
-            int64_t in_at = 0, out_at = 0;
-            for (int r = 0; r < size_; ++r) {
-              check(ncclSend(in + in_at * row * bytes, in_rows[r] * row, type, r, comm(), s),
-                    "all_to_all_single", d);
-              check(ncclRecv(out + out_at * row * bytes, out_rows[r] * row, type, r, comm(), s),
-                    "all_to_all_single", d);
-              in_at += in_rows[r];
-              out_at += out_rows[r];
-            }
-          });
-        });
+    const detail::AllToAllPlan plan = detail::plan_all_to_all_single(
+        input.sizes(), output.sizes(), input_split_sizes, output_split_sizes, size_, rank_);
+    return run("all_to_all_single", opts, {input}, {output},
+               [&](cudaStream_t s, Clock::time_point d) {
+                 const ncclDataType_t type = nccl_dtype(input.scalar_type());
+                 const size_t bytes = input.element_size();
+                 auto* in = static_cast<char*>(input.data_ptr());
+                 auto* out = static_cast<char*>(output.data_ptr());
+                 group(d, [&] {
+                   for (int r = 0; r < size_; ++r) {
+                     check(ncclSend(in + plan.send.offset[r] * bytes, plan.send.count[r], type, r,
+                                    comm(), s),
+                           "all_to_all_single", d);
+                     check(ncclRecv(out + plan.recv.offset[r] * bytes, plan.recv.count[r], type, r,
+                                    comm(), s),
+                           "all_to_all_single", d);
+                   }
+                 });
+               });
   }
 
   WorkPtr all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
@@ -312,13 +310,6 @@ class NCCLBackend : public CollectiveBackend {
     check(ncclGroupEnd(), "ncclGroupEnd", deadline);
   }
 
-  std::vector<int64_t> splits_or_equal(const std::vector<int64_t>& splits,
-                                       const at::Tensor& t) const {
-    if (!splits.empty()) return splits;
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    return std::vector<int64_t>(size_, rows / size_);
-  }
-
   void check_tensor(const at::Tensor& t, const std::string& op) const {
     if (!t.is_cuda()) {
       TDIST_THROW(InvalidArgument, who() + ": nccl " + op + " got a tensor on " + t.device().str() +
@@ -355,13 +346,20 @@ class NCCLBackend : public CollectiveBackend {
     ready.record(at::cuda::getCurrentCUDAStream(device_.index()));
     ready.block(stream_);
     try {
+      const Communicator::Lease lease = comm_->lease();
       c10::cuda::CUDAStreamGuard on_comm_stream(stream_);
       body(stream_.stream(), deadline);
+    } catch (const c10::Error&) {
+      // One of our own allocations or copies failed (out of memory): NCCL's state is intact,
+      // and whatever it queued completes with the peers. The caller sees the error.
+      throw;
     } catch (const std::exception& e) {
       // NCCL refused part of the collective: what it queued can never complete. Abort so
-      // nothing here waits on it; the peers' watchdogs time out and report.
-      comm_->abort();
-      mark_broken(who() + ": nccl " + op + " failed while being issued: " + e.what());
+      // nothing here waits on it, and fail the collectives still in flight, whose results
+      // the abort leaves undefined; the peers' watchdogs time out and report.
+      const std::string reason = "failed while being issued: " + std::string(e.what());
+      mark_broken(who() + ": nccl " + op + " " + reason);
+      watchdog_->abort_in_flight("was aborted when a later nccl " + op + " " + reason);
       throw;
     }
     for (const auto* list : {&inputs, &outputs}) {
@@ -408,9 +406,10 @@ CollectiveBackendPtr make_nccl_backend(const StorePtr& store, int rank, int size
                                        std::chrono::milliseconds timeout,
                                        const NCCLBackendOptions& options) {
   const char* local_rank = std::getenv("LOCAL_RANK");
-  const int device =
-      detail::choose_device_index(options.device_index(), device_id_for_new_backends(),
-                                  local_rank ? local_rank : "", rank, c10::cuda::device_count());
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const int device = detail::choose_device_index(
+      options.device_index(), device_id_for_new_backends(), local_rank ? local_rank : "", rank,
+      c10::cuda::device_count(), visible != nullptr && *visible != '\0');
   return std::make_shared<NCCLBackend>(store, rank, size, timeout, device, options);
 }
 

@@ -16,10 +16,22 @@ bool env_flag(const char* name, bool fallback) {
   if (value == nullptr || *value == '\0') return fallback;
   const std::string v(value);
   if (v == "0" || v == "false" || v == "False") return false;
-  if (v == "1" || v == "true" || v == "True" || v == "3") return true;
-  // c10d's TORCH_NCCL_ASYNC_ERROR_HANDLING also takes 2 (clean up only): that is "on" here.
-  if (v == "2") return true;
+  if (v == "1" || v == "true" || v == "True") return true;
   TDIST_THROW(InvalidArgument, std::string(name) + "='" + v + "' is not 0 or 1");
+}
+
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING as c10d reads it: 1 (tear down) and 3 (skip clean-up, the
+/// default) end the process after a failure; 0 (none) and 2 (clean up only) leave it running
+/// to raise. The communicator is aborted in every mode here.
+bool ends_process_on_error() {
+  const char* value = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  if (value == nullptr || *value == '\0') return true;
+  const std::string v(value);
+  if (v == "1" || v == "3") return true;
+  if (v == "0" || v == "2") return false;
+  TDIST_THROW(InvalidArgument, "TORCH_NCCL_ASYNC_ERROR_HANDLING='" + v +
+                                   "' is not 0 (raise only), 1 (end the process), 2 (clean up "
+                                   "and raise) or 3 (end the process, the default)");
 }
 
 }  // namespace
@@ -27,7 +39,7 @@ bool env_flag(const char* name, bool fallback) {
 NCCLBackendOptions nccl_options_from_env() {
   NCCLBackendOptions options;
   options.blocking_wait(env_flag("TORCH_NCCL_BLOCKING_WAIT", false));
-  options.tear_down_on_error(env_flag("TORCH_NCCL_ASYNC_ERROR_HANDLING", true));
+  options.tear_down_on_error(ends_process_on_error());
   options.high_priority_stream(env_flag("TORCH_NCCL_HIGH_PRIORITY", false));
   if (const char* value = std::getenv("TDIST_NCCL_WATCHDOG_INTERVAL_MS")) {
     char* end = nullptr;

@@ -78,6 +78,11 @@ std::shared_ptr<NCCLWork> Watchdog::complete_finished() {
 }
 
 void Watchdog::fail_all(const std::string& reason, bool timed_out) {
+  abort_in_flight(reason, timed_out);
+  if (!stopping()) on_fatal_(reason, timed_out);
+}
+
+void Watchdog::abort_in_flight(const std::string& reason, bool timed_out) {
   comm_.abort();  // kernels waiting on a dead or late peer return
   std::vector<std::shared_ptr<NCCLWork>> failed;
   {
@@ -90,7 +95,6 @@ void Watchdog::fail_all(const std::string& reason, bool timed_out) {
     w->finish_with_error(timed_out ? std::make_exception_ptr(TimeoutError(text))
                                    : std::make_exception_ptr(DistBackendError(text)));
   }
-  if (!stopping()) on_fatal_(reason, timed_out);
 }
 
 void Watchdog::drain() {
@@ -98,8 +102,15 @@ void Watchdog::drain() {
   // destroy_process_group is stream-ordered, so usually still running) finish normally;
   // only one past its deadline makes the communicator abort.
   while (in_flight() > 0) {
-    if (complete_finished()) {
-      fail_all("was still unfinished past its deadline when its process group was destroyed", true);
+    try {
+      if (complete_finished()) {
+        fail_all("was still unfinished past its deadline when its process group was destroyed",
+                 true);
+        return;
+      }
+    } catch (const std::exception& e) {
+      // As in run(): a CUDA error while querying an event; nothing in flight can be trusted.
+      fail_all(std::string("failed: CUDA reported an error: ") + e.what(), false);
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -29,6 +29,9 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   void watch(std::shared_ptr<NCCLWork> work);
+  /// Aborts the communicator and fails every in-flight Work with `reason` (a TimeoutError
+  /// when `timed_out`), without on_fatal: for a failure the caller raises itself.
+  void abort_in_flight(const std::string& reason, bool timed_out = false);
   /// Collectives issued and not yet seen complete.
   size_t in_flight() const;
 

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "nccl/all_to_all_plan.h"
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
 #include "support/expect.h"
@@ -23,6 +24,7 @@ namespace {
 using detail::choose_device_index;
 using detail::nccl_dtype;
 using detail::nccl_reduce_op;
+using detail::plan_all_to_all_single;
 
 using tdist::testing::error_of;
 using tdist::testing::has_gpu;
@@ -61,6 +63,38 @@ TEST(NcclTypes, ReduceOpsAsC10dMapsThem) {
   }
 }
 
+TEST(NcclAllToAllPlan, EvenSplitsCutDimZeroIntoEqualBlocksOfWholeRows) {
+  const auto plan = plan_all_to_all_single({6, 2}, {6, 2}, {}, {}, 3, 1);
+  EXPECT_EQ(plan.send.offset, (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(plan.send.count, (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_EQ(plan.recv.offset, plan.send.offset);
+  EXPECT_EQ(plan.recv.count, plan.send.count);
+  const auto flat = plan_all_to_all_single({4}, {4}, {}, {}, 4, 0);
+  EXPECT_EQ(flat.send.count, (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(flat.recv.offset, (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(NcclAllToAllPlan, UnevenSplitsCountRowsOfEachSidesOwnWidth) {
+  // Rank 1 of 3 sends nothing (an input with no rows) but receives 2 and 3 rows of 4.
+  const auto plan = plan_all_to_all_single({0, 4}, {5, 4}, {0, 0, 0}, {2, 0, 3}, 3, 1);
+  EXPECT_EQ(plan.send.count, (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(plan.recv.offset, (std::vector<int64_t>{0, 8, 8}));
+  EXPECT_EQ(plan.recv.count, (std::vector<int64_t>{8, 0, 12}));
+  // And the other way round: rows out, none back.
+  const auto back = plan_all_to_all_single({3, 2, 2}, {0, 2, 2}, {1, 0, 2}, {0, 0, 0}, 3, 1);
+  EXPECT_EQ(back.send.offset, (std::vector<int64_t>{0, 4, 4}));
+  EXPECT_EQ(back.send.count, (std::vector<int64_t>{4, 0, 8}));
+  EXPECT_EQ(back.recv.count, (std::vector<int64_t>{0, 0, 0}));
+}
+
+TEST(NcclAllToAllPlan, RowsOfDifferentWidthsOrASelfBlockMismatchAreRefused) {
+  std::string what = error_of([] { plan_all_to_all_single({4, 3}, {4, 2}, {}, {}, 2, 0); });
+  EXPECT_NE(what.find("input rows have 3 elements but output rows have 2"), std::string::npos)
+      << what;
+  what = error_of([] { plan_all_to_all_single({3}, {3}, {2, 1}, {1, 2}, 2, 0); });
+  EXPECT_NE(what.find("sends itself 2 elements but expects 1"), std::string::npos) << what;
+}
+
 TEST(NcclDeviceChoice, RequestedThenDeviceIdThenLocalRankThenRankModuloCount) {
   EXPECT_EQ(choose_device_index(2, "cuda:1", "0", 5, 4), 2);
   EXPECT_EQ(choose_device_index(-1, "cuda:1", "0", 5, 4), 1);
@@ -68,6 +102,13 @@ TEST(NcclDeviceChoice, RequestedThenDeviceIdThenLocalRankThenRankModuloCount) {
   EXPECT_EQ(choose_device_index(-1, "", "3", 5, 4), 3);
   EXPECT_EQ(choose_device_index(-1, "", "", 5, 4), 1);
   EXPECT_EQ(choose_device_index(-1, "", "", 0, 1), 0);
+  // One GPU visible per process (CUDA_VISIBLE_DEVICES per task): it, whatever LOCAL_RANK says;
+  // without CUDA_VISIBLE_DEVICES a second local rank on one GPU stays an error.
+  EXPECT_EQ(choose_device_index(-1, "", "3", 3, 1, /*visible_devices_set=*/true), 0);
+  EXPECT_THROW(choose_device_index(-1, "", "1", 1, 1, /*visible_devices_set=*/false),
+               InvalidArgument);
+  // An explicit device_id is still checked against what the process sees.
+  EXPECT_THROW(choose_device_index(-1, "cuda:3", "3", 3, 1, true), InvalidArgument);
 }
 
 TEST(NcclDeviceChoice, BadChoicesNameTheProblemAndTheFix) {
@@ -107,6 +148,18 @@ TEST(NcclOptions, TheEnvironmentAsC10dReadsIt) {
   ScopedEnv bad("TORCH_NCCL_BLOCKING_WAIT", "yes please");
   const std::string what = error_of([] { nccl_options_from_env(); });
   EXPECT_NE(what.find("TORCH_NCCL_BLOCKING_WAIT='yes please'"), std::string::npos) << what;
+}
+
+TEST(NcclOptions, AsyncErrorHandlingModesAsC10dDefinesThem) {
+  // 1 (tear down) and 3 (skip clean-up) end the process; 0 and 2 (clean up only) raise.
+  for (const auto& [mode, ends] : std::vector<std::pair<const char*, bool>>{
+           {"0", false}, {"1", true}, {"2", false}, {"3", true}}) {
+    ScopedEnv handling("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode);
+    EXPECT_EQ(nccl_options_from_env().tear_down_on_error(), ends) << mode;
+  }
+  ScopedEnv handling("TORCH_NCCL_ASYNC_ERROR_HANDLING", "4");
+  const std::string what = error_of([] { nccl_options_from_env(); });
+  EXPECT_NE(what.find("TORCH_NCCL_ASYNC_ERROR_HANDLING='4'"), std::string::npos) << what;
 }
 
 TEST(NcclOptions, AWatchdogIntervalOutOfRangeIsRefused) {

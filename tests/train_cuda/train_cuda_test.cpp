@@ -41,7 +41,8 @@ constexpr double kFp32Tol = 2e-5;
 // dropped or garbage gradients move them by far more.
 constexpr double kBf16RelTol = 0.02;
 
-// TC_DEVICE ("cuda" / "cpu") and TC_BACKEND ("nccl": cpu:gloo,cuda:nccl on cuda:0; "gloo").
+// TC_DEVICE ("cuda" / "cpu") and TC_BACKEND ("nccl": cpu:gloo,cuda:nccl on cuda:0;
+// "nccl_alone": nccl with no CPU backend, as most PyTorch jobs run; "gloo").
 c10::Device device() {
   return env_str("TC_DEVICE", "cuda") == "cuda" ? c10::Device(c10::kCUDA, 0)
                                                 : c10::Device(c10::kCPU);
@@ -49,8 +50,11 @@ c10::Device device() {
 
 void init() {
   auto options = InitProcessGroupOptions().timeout(std::chrono::seconds(120));
-  if (env_str("TC_BACKEND", "gloo") == "nccl") {
+  const std::string backend = env_str("TC_BACKEND", "gloo");
+  if (backend == "nccl") {
     options.backend("cpu:gloo,cuda:nccl").device_id("cuda:0");
+  } else if (backend == "nccl_alone") {
+    options.backend("nccl").device_id("cuda:0");
   } else {
     options.backend("gloo");
   }
@@ -78,7 +82,7 @@ at::Tensor rows_of_rank(const at::Tensor& t) {
 }
 
 double global_mean(double local) {
-  auto t = torch::tensor({local}, torch::kFloat64);
+  auto t = to_collective_device(torch::tensor({local}, torch::kFloat64));
   all_reduce(t);
   return t.item<double>() / get_world_size();
 }
@@ -309,6 +313,9 @@ TEST_F(TrainOnCuda, FsdpParityAtWorld2OverGlooOnOneGpu) {
 
 TEST_F(TrainOnCuda, DdpParity) {
   run("tc_ddp", 1, {{"TC_DEVICE", "cuda"}, {"TC_BACKEND", "nccl"}});
+  // The library's own flags and counts (buffer agreement, unused-parameter map) with no
+  // CPU backend to fall back on.
+  run("tc_ddp", 1, {{"TC_DEVICE", "cuda"}, {"TC_BACKEND", "nccl_alone"}});
   run("tc_ddp", 2, {{"TC_DEVICE", "cuda"}, {"TC_BACKEND", "gloo"}});
 }
 

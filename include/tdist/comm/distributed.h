@@ -62,6 +62,12 @@ void destroy_process_group(const ProcessGroupPtr& group = nullptr);
 
 /// The default (world) group; throws if not initialised.
 ProcessGroupPtr group_world();
+/// Where `group` (default: the world) exchanges control values: ProcessGroup::default_device.
+/// The library's own flags and counts go there, so a group of nccl alone serves them.
+c10::Device get_default_device(const ProcessGroupPtr& group = nullptr);
+/// `t` itself when `group` has a backend for its device type, else a copy on the group's
+/// default device: for small host-made tensors (flags, counts) in any group, nccl-only too.
+at::Tensor to_collective_device(const at::Tensor& t, const ProcessGroupPtr& group = nullptr);
 
 struct NewGroupOptions {
   TDIST_ARG(std::chrono::milliseconds, timeout) = std::chrono::milliseconds(0);

@@ -48,6 +48,10 @@ class ProcessGroup {
   CollectiveBackend& backend_for(const at::Tensor& tensor) const;
   /// The backend used for device-less ops (barrier): the cpu one if any, else the first.
   CollectiveBackend& default_backend() const;
+  /// Where the group exchanges control values (flags, counts, object bytes), as c10d's
+  /// _get_pg_default_device: the CPU when it has a CPU backend, else the current device of
+  /// its device backend (a group of nccl alone: this rank's GPU).
+  c10::Device default_device() const;
 
   /// Monotonic per-group sequence number of collectives issued (for diagnostics).
   uint64_t next_sequence_number() { return ++sequence_number_; }

@@ -127,8 +127,9 @@ void sync_module_states(const std::vector<at::Tensor>& tensors, const ProcessGro
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.numel();
   const int64_t n = static_cast<int64_t>(tensors.size());
-  auto shape = torch::tensor({n, numel, -n, -numel}, torch::kInt64);
+  auto shape = to_collective_device(torch::tensor({n, numel, -n, -numel}, torch::kInt64), group);
   all_reduce(shape, ReduceOp::MAX, group);
+  shape = shape.cpu();
   if (shape[0].item<int64_t>() != -shape[2].item<int64_t>() ||
       shape[1].item<int64_t>() != -shape[3].item<int64_t>()) {
     TDIST_THROW(InvalidArgument, at +
