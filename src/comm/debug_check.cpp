@@ -105,8 +105,12 @@ std::vector<int64_t> gather_through_backend(ProcessGroup& pg, const std::vector<
                               output.data_ptr<int64_t>() + output.numel());
 }
 
+/// The store keys of one check: "signature_check/<sequence number>/<name>".
+std::string signature_key(uint64_t sequence_number, const std::string& name) {
+  return "signature_check/" + std::to_string(sequence_number) + "/" + name;
+}
 std::string signature_key(uint64_t sequence_number, int rank) {
-  return "signature_check/" + std::to_string(sequence_number) + "/" + std::to_string(rank);
+  return signature_key(sequence_number, std::to_string(rank));
 }
 
 /// Every rank's fingerprint through the group's store, for a group with device backends only
@@ -168,12 +172,13 @@ void wait_for_count(Store& store, const std::string& key, int64_t n) {
 /// round, whose answers nobody needs, may meet a store already gone.
 void leave_store_together(ProcessGroup& pg) {
   Store& store = *pg.store();
-  const std::string base = "signature_check/" + std::to_string(pg.sequence_number()) + "/";
-  store.add(base + "read", 1);
-  wait_for_count(store, base + "read", pg.size());
+  const std::string read = signature_key(pg.sequence_number(), "read");
+  const std::string leaving = signature_key(pg.sequence_number(), "leaving");
+  store.add(read, 1);
+  wait_for_count(store, read, pg.size());
   try {
-    store.add(base + "leaving", 1);
-    wait_for_count(store, base + "leaving", pg.size());
+    store.add(leaving, 1);
+    wait_for_count(store, leaving, pg.size());
   } catch (const Error&) {
     // The store's host left first; everyone was past the first round.
   }

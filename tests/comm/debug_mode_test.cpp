@@ -29,11 +29,16 @@ TDIST_SCENARIO(comm_debug_shape_mismatch) {
   all_reduce(t);  // must throw on every rank
 }
 
+/// `scenario` at world `n` under TDIST_DEBUG=DETAIL.
+std::vector<RankResult> run_detailed(const std::string& scenario, int n) {
+  auto opts = short_run();
+  opts.env["TDIST_DEBUG"] = "DETAIL";
+  return run_ranks_as_processes(scenario, n, opts);
+}
+
 TEST(DebugMode, ShapeMismatchRaisesOnEveryRankNamingBothSides) {
   for (int n : {2, 3}) {
-    auto opts = short_run();
-    opts.env["TDIST_DEBUG"] = "DETAIL";
-    auto results = run_ranks_as_processes("comm_debug_shape_mismatch", n, opts);
+    auto results = run_detailed("comm_debug_shape_mismatch", n);
     expect_failed_with(results, "TDIST_DEBUG=DETAIL found a collective mismatch");
     expect_failed_with(results, "all_reduce(dtype=Float, shape=[4], op=SUM)");
     expect_failed_with(results, "global rank " + std::to_string(n - 1) +
@@ -52,9 +57,7 @@ TDIST_SCENARIO(comm_debug_op_mismatch) {
 }
 
 TEST(DebugMode, OpAndDtypeMismatchRaises) {
-  auto opts = short_run();
-  opts.env["TDIST_DEBUG"] = "DETAIL";
-  auto results = run_ranks_as_processes("comm_debug_op_mismatch", 2, opts);
+  auto results = run_detailed("comm_debug_op_mismatch", 2);
   expect_failed_with(results, "broadcast(dtype=Int, shape=[2], root=0)");
   expect_failed_with(results, "all_reduce(dtype=Double, shape=[2], op=SUM)");
 }
@@ -123,9 +126,7 @@ TDIST_SCENARIO(comm_debug_device_only_group) {
 
 TEST(DebugMode, ADeviceOnlyGroupIsCheckedThroughItsStoreAndKeepsControlValuesOnItsDevice) {
   for (int n : {2, 3}) {
-    auto opts = short_run();
-    opts.env["TDIST_DEBUG"] = "DETAIL";
-    auto results = run_ranks_as_processes("comm_debug_device_only_group", n, opts);
+    auto results = run_detailed("comm_debug_device_only_group", n);
     expect_failed_with(results, "TDIST_DEBUG=DETAIL found a collective mismatch");
     expect_failed_with(results, "global rank " + std::to_string(n - 1) +
                                     " called all_reduce(dtype=Float, shape=[5], op=SUM)");
