@@ -7,6 +7,7 @@
 
 #include "tdist/comm/engine/op_codes.h"
 #include "tdist/error.h"
+#include "tdist/store/store_all_gather.h"
 
 namespace tdist::detail {
 
@@ -105,54 +106,45 @@ std::vector<int64_t> gather_through_backend(ProcessGroup& pg, const std::vector<
                               output.data_ptr<int64_t>() + output.numel());
 }
 
-/// The store keys of one check: "signature_check/<sequence number>/<name>".
-std::string signature_key(uint64_t sequence_number, const std::string& name) {
-  return "signature_check/" + std::to_string(sequence_number) + "/" + name;
+/// The store keys of one check: "signature_check/<sequence number>/<rank or name>".
+constexpr const char* kSignaturePrefix = "signature_check";
+
+StoreAllGatherOptions signature_gather(const ProcessGroup& pg) {
+  return StoreAllGatherOptions()
+      .prefix(kSignaturePrefix)
+      .rank(pg.rank())
+      .world_size(pg.size())
+      .timeout(pg.timeout())
+      .purpose("TDIST_DEBUG=DETAIL signature check in process group '" + pg.name() +
+               "' at sequence number " + std::to_string(pg.sequence_number()));
 }
-std::string signature_key(uint64_t sequence_number, int rank) {
-  return signature_key(sequence_number, std::to_string(rank));
+std::string signature_key(const ProcessGroup& pg, const std::string& name) {
+  return std::string(kSignaturePrefix) + "/" + std::to_string(pg.sequence_number()) + "/" + name;
 }
 
 /// Every rank's fingerprint through the group's store, for a group with device backends only
 /// (an "nccl" group): fingerprints are host data, and a device collective would return them
 /// stream-ordered (c10d pairs such a group with a gloo helper for these checks instead).
+/// Checks are numbered one after another, so sequence numbers serve as the rounds.
 std::vector<int64_t> gather_through_store(ProcessGroup& pg, const std::vector<int64_t>& mine) {
-  Store& store = *pg.store();
-  const uint64_t seq = pg.sequence_number();
+  const StoreAllGatherOptions options = signature_gather(pg);
   const auto* bytes = reinterpret_cast<const uint8_t*>(mine.data());
-  store.set(signature_key(seq, pg.rank()),
-            std::vector<uint8_t>(bytes, bytes + mine.size() * sizeof(int64_t)));
-  std::vector<std::string> keys;
-  for (int r = 0; r < pg.size(); ++r) keys.push_back(signature_key(seq, r));
-  try {
-    store.wait(keys, pg.timeout());
-  } catch (const TimeoutError&) {
-    std::string missing;
-    for (int r = 0; r < pg.size(); ++r) {
-      if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    TDIST_THROW(TimeoutError, "rank " + std::to_string(pg.rank()) +
-                                  ": TDIST_DEBUG=DETAIL signature check in process group '" +
-                                  pg.name() + "' at sequence number " + std::to_string(seq) +
-                                  ": group ranks [" + missing + "] did not reach it within " +
-                                  std::to_string(pg.timeout().count()) + " ms");
-  }
+  const std::vector<std::vector<uint8_t>> values =
+      store_all_gather(*pg.store(), pg.sequence_number(),
+                       std::vector<uint8_t>(bytes, bytes + mine.size() * sizeof(int64_t)), options);
   std::vector<int64_t> all;
-  for (const auto& key : keys) {
-    const std::vector<uint8_t> value = store.get(key);
-    if (value.size() != kFields * sizeof(int64_t)) {
+  for (size_t r = 0; r < values.size(); ++r) {
+    if (values[r].size() != kFields * sizeof(int64_t)) {
       TDIST_THROW(DistBackendError,
                   "TDIST_DEBUG=DETAIL: the store holds a malformed signature "
                   "under '" +
-                      key + "' (" + std::to_string(value.size()) +
+                      store_all_gather_key(options, pg.sequence_number(), static_cast<int>(r)) +
+                      "' (" + std::to_string(values[r].size()) +
                       " bytes); do all ranks run the same tdist?");
     }
-    const auto* fields = reinterpret_cast<const int64_t*>(value.data());
+    const auto* fields = reinterpret_cast<const int64_t*>(values[r].data());
     all.insert(all.end(), fields, fields + kFields);
   }
-  // Each rank wrote this check's key after reading every key of the previous one, so that
-  // one is read everywhere now: this rank's can go (the store does not grow with the run).
-  if (seq > 0) store.delete_key(signature_key(seq - 1, pg.rank()));
   return all;
 }
 
@@ -172,8 +164,8 @@ void wait_for_count(Store& store, const std::string& key, int64_t n) {
 /// round, whose answers nobody needs, may meet a store already gone.
 void leave_store_together(ProcessGroup& pg) {
   Store& store = *pg.store();
-  const std::string read = signature_key(pg.sequence_number(), "read");
-  const std::string leaving = signature_key(pg.sequence_number(), "leaving");
+  const std::string read = signature_key(pg, "read");
+  const std::string leaving = signature_key(pg, "leaving");
   store.add(read, 1);
   wait_for_count(store, read, pg.size());
   try {

@@ -1,12 +1,12 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 
 #include <algorithm>
-#include <map>
 #include <sstream>
 
 #include <ATen/ATen.h>
 
 #include "ddp/reducer.h"
+#include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/ddp/bucketing.h"
@@ -63,7 +63,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   verify_parameters_across_ranks();
   std::vector<at::Tensor> state = module_->parameters(/*recurse=*/true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(state, group_->global_rank(0));
+  broadcast_coalesced(state, group_->global_rank(0), group_);
 
   // Note [DDP bucket order] (bucketing.h): fill buckets in reverse registration order.
   std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
@@ -117,25 +117,6 @@ void DistributedDataParallel::verify_parameters_across_ranks() const {
                   "and dtypes, in the same order)");
 }
 
-void DistributedDataParallel::broadcast_coalesced(const std::vector<at::Tensor>& tensors,
-                                                  int src) const {
-  if (group_->size() == 1 || tensors.empty()) return;
-  at::NoGradGuard no_grad;
-  std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
-  for (const auto& t : tensors) by_kind[{t.scalar_type(), t.device().str()}].push_back(t);
-  for (auto& [kind, group] : by_kind) {
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(flat_parts);
-    broadcast(flat, src, group_);
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-}
-
 int DistributedDataParallel::find_common_rank(bool active) const {
   at::Tensor rank =
       to_collective_device(at::full({1}, active ? group_->rank() : -1, at::kInt), group_);
@@ -150,7 +131,7 @@ int DistributedDataParallel::global_grad_sync_count(bool wants_sync) const {
 }
 
 void DistributedDataParallel::sync_buffers(int src) const {
-  broadcast_coalesced(buffers_, src);
+  broadcast_coalesced(buffers_, src, group_);
 }
 
 void DistributedDataParallel::pre_forward() {
@@ -191,7 +172,7 @@ void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   const int src = find_common_rank(is_last_joiner);
   std::vector<at::Tensor> state = module_->parameters(/*recurse=*/true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(state, group_->global_rank(src));
+  broadcast_coalesced(state, group_->global_rank(src), group_);
   reducer_->set_divisor(group_->size());
 }
 

@@ -77,6 +77,31 @@ TEST(Processes, SaveAtNLoadAtMThroughProcessGroups) {
   }
 }
 
+// The process-group coordinator on a subgroup of ranks {0, 2}: binary messages of uneven
+// lengths (one empty) come back whole and in group-rank order; rank 1, outside it, is refused.
+TDIST_SCENARIO(ckpt_group_coordinator) {
+  init_if_multi_rank();
+  const int rank = tdist::get_rank();
+  auto group = tdist::new_group({0, 2});
+  if (rank == 1) {
+    EXPECT_THROW(ProcessGroupCoordinator{group}, tdist::InvalidArgument);
+  } else {
+    ProcessGroupCoordinator coordinator(group);
+    EXPECT_EQ(coordinator.world_size(), 2);
+    auto message = [](int r) { return r == 0 ? std::string() : std::string("a\0b\xff", 4) + "c"; };
+    for (int round = 0; round < 3; ++round) {
+      const auto all = coordinator.all_gather(message(rank));
+      EXPECT_EQ(all, (std::vector<std::string>{message(0), message(2)}));
+    }
+  }
+  tdist::destroy_process_group();
+}
+
+TEST(Processes, AProcessGroupCoordinatorGathersOnItsGroupAndRefusesOutsiders) {
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("ckpt_group_coordinator", 3, with_env({})));
+}
+
 // A rank SIGKILLed at each phase: the previous checkpoint still loads, the new one is
 // invisible (or, killed after the commit point, complete) and never half-loaded.
 void kill_at_every_phase(int world) {

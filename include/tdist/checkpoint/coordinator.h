@@ -13,6 +13,7 @@
 
 #include "tdist/comm/process_group.h"
 #include "tdist/store/store.h"
+#include "tdist/store/store_all_gather.h"
 
 namespace tdist::checkpoint {
 
@@ -42,16 +43,13 @@ class StoreCoordinator : public Coordinator {
  public:
   StoreCoordinator(StorePtr store, int rank, int world_size, std::string prefix = "ckpt",
                    std::chrono::milliseconds timeout = std::chrono::minutes(5));
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
+  int rank() const override { return gather_.rank(); }
+  int world_size() const override { return gather_.world_size(); }
   std::vector<std::string> all_gather(const std::string& message) override;
 
  private:
   StorePtr store_;
-  int rank_;
-  int world_size_;
-  std::string prefix_;
-  std::chrono::milliseconds timeout_;
+  StoreAllGatherOptions gather_;
   uint64_t round_ = 0;
 };
 

@@ -2,7 +2,8 @@
 
 // Collectives over plain-data Objects (torch.distributed's *_object functions), without
 // pickle: values travel in the data-only format of object.h. src/dst are global ranks.
-// Each call runs a few tensor collectives on the group's CPU backend.
+// Each call runs a few tensor collectives on the group's default device (get_default_device):
+// the host when the group has a CPU backend, else its GPU.
 
 #include <vector>
 

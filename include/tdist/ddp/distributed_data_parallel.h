@@ -126,8 +126,6 @@ class DistributedDataParallel : public join::Joinable {
   friend class DdpJoinHook;
 
   void verify_parameters_across_ranks() const;
-  /// Broadcasts `tensors` from global rank `src`, coalesced per dtype.
-  void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int src) const;
   /// All-reduce MAX of (active ? rank : -1): the highest active rank (Join bookkeeping).
   int find_common_rank(bool active) const;
   /// All-reduce of how many ranks want to synchronise gradients this iteration.

@@ -6,13 +6,13 @@
 
 #include <cstdlib>
 #include <limits>
-#include <map>
 #include <unordered_set>
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "fsdp/fsdp1/auto_wrap.h"
+#include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/clip_grad.h"
@@ -118,7 +118,7 @@ std::optional<mesh::DeviceMesh> mesh_for(const FSDPOptions& o, const torch::nn::
   return mesh::init_device_mesh(device, {world / local, local}, {"replicate", "shard"});
 }
 
-// Note [Sync module states]: one broadcast per dtype of every parameter and buffer, after
+// Note [Sync module states]: every parameter and buffer in bucketed broadcasts, after
 // checking (one small all-reduce) that every rank has the same number of tensors and
 // elements, since mismatched broadcasts would hang or corrupt instead of failing.
 void sync_module_states(const std::vector<at::Tensor>& tensors, const ProcessGroupPtr& group,
@@ -138,21 +138,7 @@ void sync_module_states(const std::vector<at::Tensor>& tensors, const ProcessGro
                                      std::to_string(n) + " tensors, " + std::to_string(numel) +
                                      " elements); build the same model on every rank");
   }
-  const int src = group ? get_global_rank(group, 0) : 0;
-  std::map<std::pair<c10::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
-  for (const auto& t : tensors) by_kind[{t.scalar_type(), t.device().str()}].push_back(t);
-  for (auto& [kind, list] : by_kind) {
-    std::vector<at::Tensor> flat;
-    flat.reserve(list.size());
-    for (const auto& t : list) flat.push_back(t.reshape({-1}));
-    at::Tensor buffer = at::cat(flat);
-    broadcast(buffer, src, group);
-    int64_t offset = 0;
-    for (auto& t : list) {
-      t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
+  broadcast_coalesced(tensors, group ? get_global_rank(group, 0) : 0, group);
 }
 
 // Ignored modules (with every submodule) and parameters, validated before any collective.
