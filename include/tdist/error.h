@@ -3,6 +3,7 @@
 // One error hierarchy for all of tdist. Messages name the rank, the operation and the fix;
 // every error is stamped with the file and line that raised it (see TDIST_THROW).
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -49,6 +50,12 @@ class CheckpointError : public Error {
  public:
   using Error::Error;
 };
+
+/// The message a captured exception carries: its what(), or `fallback` when it is not a
+/// std::exception (or there is none). Failure paths that hold an exception_ptr report it
+/// without rethrowing it themselves.
+std::string message_of(const std::exception_ptr& error,
+                       const std::string& fallback = "unknown error");
 
 namespace detail {
 std::string stamp(const char* file, int line, const std::string& message);

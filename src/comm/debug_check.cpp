@@ -106,7 +106,7 @@ std::vector<int64_t> gather_through_backend(ProcessGroup& pg, const std::vector<
                               output.data_ptr<int64_t>() + output.numel());
 }
 
-/// The store keys of one check: "signature_check/<sequence number>/<rank or name>".
+/// The gather's keys: store_all_gather's rounds under this prefix, numbered by sequence number.
 constexpr const char* kSignaturePrefix = "signature_check";
 
 StoreAllGatherOptions signature_gather(const ProcessGroup& pg) {
@@ -118,8 +118,11 @@ StoreAllGatherOptions signature_gather(const ProcessGroup& pg) {
       .purpose("TDIST_DEBUG=DETAIL signature check in process group '" + pg.name() +
                "' at sequence number " + std::to_string(pg.sequence_number()));
 }
-std::string signature_key(const ProcessGroup& pg, const std::string& name) {
-  return std::string(kSignaturePrefix) + "/" + std::to_string(pg.sequence_number()) + "/" + name;
+
+/// A counter ranks leave a failed check by, "signature_check_exit/<sequence number>/<name>":
+/// a prefix of its own, so the gather's key layout stays store_all_gather's business.
+std::string exit_counter_key(const ProcessGroup& pg, const std::string& name) {
+  return "signature_check_exit/" + std::to_string(pg.sequence_number()) + "/" + name;
 }
 
 /// Every rank's fingerprint through the group's store, for a group with device backends only
@@ -164,8 +167,8 @@ void wait_for_count(Store& store, const std::string& key, int64_t n) {
 /// round, whose answers nobody needs, may meet a store already gone.
 void leave_store_together(ProcessGroup& pg) {
   Store& store = *pg.store();
-  const std::string read = signature_key(pg, "read");
-  const std::string leaving = signature_key(pg, "leaving");
+  const std::string read = exit_counter_key(pg, "read");
+  const std::string leaving = exit_counter_key(pg, "leaving");
   store.add(read, 1);
   wait_for_count(store, read, pg.size());
   try {

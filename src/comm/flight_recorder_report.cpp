@@ -72,16 +72,6 @@ bool is_timeout(const std::exception_ptr& error) {
   }
 }
 
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 std::chrono::milliseconds report_wait(const GroupRef& pg) {
   return std::min(comm_environment().report_wait, pg.timeout());
 }

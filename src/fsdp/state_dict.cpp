@@ -242,6 +242,16 @@ ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
   return out;
 }
 
+/// The state a set_*_state_dict call loads: `state` itself, or, for a full rank0_only load in a
+/// distributed run, rank 0's state broadcast into `received` (other ranks pass what they have,
+/// usually nothing).
+const ShardedStateDict& state_to_load(const ShardedStateDict& state,
+                                      const StateDictOptions& options, ShardedStateDict& received) {
+  if (!options.full_state_dict() || !options.rank0_only() || !distributed()) return state;
+  received = broadcast_from_rank0(state);
+  return received;
+}
+
 /// The optimizer's fields by key "<fqn>.<field>", with the entry of their parameter.
 struct OptimizerItem {
   util::OptimizerStateField field;
@@ -337,18 +347,14 @@ void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& sta
   detail::prepare_for_write(me, "set_model_state_dict");
   const bool full = options.full_state_dict();
   ShardedStateDict received;
-  const ShardedStateDict* src = &state;
-  if (full && options.rank0_only() && detail::distributed()) {
-    received = detail::broadcast_from_rank0(state);
-    src = &received;
-  }
+  const ShardedStateDict& src = detail::state_to_load(state, options, received);
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, e] : me.entries) {
     const bool expected = full || e.sharded == nullptr || !e.sharded->layout().shape.empty() ||
                           e.sharded->layout().local_rows > 0;
-    if (expected && src->count(name) == 0) missing.push_back(name);
+    if (expected && src.count(name) == 0) missing.push_back(name);
   }
-  for (const auto& [name, st] : *src) {
+  for (const auto& [name, st] : src) {
     if (me.entries.count(name) == 0) unexpected.push_back(name);
   }
   if (options.strict() && (!missing.empty() || !unexpected.empty())) {
@@ -360,8 +366,8 @@ void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& sta
   }
   c10::AutoGradMode no_grad(false);
   for (const auto& [name, e] : me.entries) {
-    auto it = src->find(name);
-    if (it == src->end()) continue;
+    auto it = src.find(name);
+    if (it == src.end()) continue;
     detail::write_value(name, e.local(), e, it->second, full);
   }
 }
@@ -403,11 +409,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
   detail::prepare_for_write(me, "set_optimizer_state_dict");
   const bool full = options.full_state_dict();
   ShardedStateDict received;
-  const ShardedStateDict* src = &state;
-  if (full && options.rank0_only() && detail::distributed()) {
-    received = detail::broadcast_from_rank0(state);
-    src = &received;
-  }
+  const ShardedStateDict& src = detail::state_to_load(state, options, received);
   // Keys by parameter: "<fqn>.<field>", the field never containing a dot.
   std::map<std::string, std::map<std::string, const ShardedTensor*>> by_param;
   std::vector<std::string> unexpected;
@@ -422,7 +424,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
       optimizer_params[name->second] = &p;
     }
   }
-  for (const auto& [key, st] : *src) {
+  for (const auto& [key, st] : src) {
     const auto dot = key.rfind('.');
     const std::string fqn = dot == std::string::npos ? "" : key.substr(0, dot);
     const std::string field = dot == std::string::npos ? key : key.substr(dot + 1);

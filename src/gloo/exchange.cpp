@@ -118,14 +118,7 @@ void Exchange::wait(size_t handle) {
   comm_.unwatch(&waiter);
   if (!ok) {
     // Aborted by the watchdog: the connection to the peer failed mid-transfer.
-    std::string cause = "aborted";
-    if (auto error = comm_.peer_error(p.peer)) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        cause = e.what();
-      }
-    }
+    const std::string cause = message_of(comm_.peer_error(p.peer), "aborted");
     TDIST_THROW(NetworkError, "rank " + std::to_string(rank()) + ": gloo " + info_.op + " #" +
                                   std::to_string(info_.seq) + " (" +
                                   (p.is_send ? "sending to " : "receiving from ") +

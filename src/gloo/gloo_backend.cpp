@@ -56,16 +56,6 @@ Severity severity_of(std::exception_ptr error) {
   }
 }
 
-std::string message_of(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 // Note [Best-effort store calls]: recording and reading the group's first failure must not
 // hold up the failure they describe. When the rank that hosted the store is the one that
 // died, a TCPStore client retries its connection for the store's whole timeout (minutes):

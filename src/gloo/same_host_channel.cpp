@@ -112,13 +112,7 @@ bool reached(uint32_t flag, uint32_t number) {
 }
 
 [[noreturn]] void raise_lost_peer(const std::string& what, const std::exception_ptr& error) {
-  std::string why = "connection failed";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    why = e.what();
-  } catch (...) {
-  }
+  const std::string why = message_of(error, "connection failed");
   TDIST_THROW(NetworkError, what +
                                 "lost the connection to it (the peer died or closed the group); "
                                 "the group is now broken: " +

@@ -2,6 +2,21 @@
 
 #include <cstring>
 
+namespace tdist {
+
+std::string message_of(const std::exception_ptr& error, const std::string& fallback) {
+  if (!error) return fallback;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return fallback;
+  }
+}
+
+}  // namespace tdist
+
 namespace tdist::detail {
 
 std::string stamp(const char* file, int line, const std::string& message) {

@@ -42,7 +42,9 @@ TDIST_SCENARIO(gloo_cuda_collectives) {
   // The rest of the staged ops (SPEC's "gloo GPU" column), exact at every rank.
   at::Tensor red = torch::full({4}, rank + 1.0f, cuda);
   reduce(red, n - 1);
-  if (rank == n - 1) EXPECT_EQ(red[3].item<float>(), tri);
+  if (rank == n - 1) {
+    EXPECT_EQ(red[3].item<float>(), tri);
+  }
   std::vector<at::Tensor> coalesced{torch::full({3}, float(rank), cuda),
                                     torch::full({2}, float(2 * rank), cuda)};
   all_reduce_coalesced(coalesced, ReduceOp::MAX);
