@@ -51,8 +51,10 @@ std::vector<at::Tensor> state_of(int rank, at::Tensor& base) {
           torch::zeros({0}, torch::kFloat32)};
 }
 
-void check_broadcast_coalesced(const ProcessGroupPtr& group, int root_group_rank) {
+/// Broadcasts from the group's last rank.
+void check_broadcast_coalesced(const ProcessGroupPtr& group) {
   const int rank = get_rank(group);
+  const int root_group_rank = get_world_size(group) - 1;
   const int src = get_global_rank(group ? group : group_world(), root_group_rank);
   at::Tensor base, expected_base;
   std::vector<at::Tensor> mine = state_of(rank, base);
@@ -67,12 +69,7 @@ void check_broadcast_coalesced(const ProcessGroupPtr& group, int root_group_rank
 
 TDIST_SCENARIO(comm_broadcast_coalesced) {
   init_process_group(test_init_options());
-  const int n = get_world_size();
-  check_broadcast_coalesced(nullptr, n - 1);
-  if (n > 2) {
-    auto g = new_group({1, 2});
-    if (g->is_member()) check_broadcast_coalesced(g, 1);
-  }
+  check_on_world_and_a_subgroup(check_broadcast_coalesced);
   destroy_process_group();
 }
 

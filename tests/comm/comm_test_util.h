@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,17 @@ inline void expect_failed_with(const std::vector<RankResult>& results, const std
         << "rank " << rank << " output lacks '" << fragment << "':\n"
         << r.output;
   }
+}
+
+/// Runs `check` on the world (as a null group), then, in worlds of more than two ranks, on the
+/// subgroup {1, 2} in its members: a subgroup whose ranks are not the world's, so group and
+/// global ranks differ. Call between init_process_group and destroy_process_group.
+inline void check_on_world_and_a_subgroup(
+    const std::function<void(const ProcessGroupPtr&)>& check) {
+  check(nullptr);
+  if (get_world_size() <= 2) return;
+  auto subgroup = new_group({1, 2});
+  if (subgroup->is_member()) check(subgroup);
 }
 
 inline ProcessOptions short_run(std::chrono::seconds limit = std::chrono::seconds(60)) {

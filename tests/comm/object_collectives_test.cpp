@@ -55,12 +55,7 @@ void check_object_collectives(const ProcessGroupPtr& group) {
 
 TDIST_SCENARIO(comm_object_collectives) {
   init_process_group(test_init_options());
-  check_object_collectives(nullptr);
-  if (get_world_size() > 2) {
-    std::vector<int> sub{1, 2};
-    auto g = new_group(sub);
-    if (g->is_member()) check_object_collectives(g);
-  }
+  check_on_world_and_a_subgroup(check_object_collectives);
   destroy_process_group();
 }
 
