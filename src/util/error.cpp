@@ -18,17 +18,26 @@ std::string message_of(const std::exception_ptr& error, const std::string& fallb
 }  // namespace tdist
 
 namespace tdist::detail {
+namespace {
 
-std::string stamp(const char* file, int line, const std::string& message) {
-  // Keep the path short: from "src/" or "include/" on.
+/// `file` from the last of the tree's top folders on ("src/", "include/", "examples/"...). The
+/// last, because the checkout itself may sit under such a folder (~/src/tdist/src/comm/x.cpp),
+/// while no folder of the tree nests another of them.
+const char* path_from_source_root(const char* file) {
   const char* shown = file;
-  for (const char* anchor : {"/src/", "/include/", "/tests/", "/tools/"}) {
-    if (const char* p = std::strstr(file, anchor)) {
-      shown = p + 1;
-      break;
+  for (const char* anchor :
+       {"/src/", "/include/", "/tests/", "/tools/", "/examples/", "/bench/", "/fuzz/"}) {
+    for (const char* p = std::strstr(file, anchor); p != nullptr; p = std::strstr(p + 1, anchor)) {
+      if (p + 1 > shown) shown = p + 1;
     }
   }
-  return message + " [" + shown + ":" + std::to_string(line) + "]";
+  return shown;
+}
+
+}  // namespace
+
+std::string stamp(const char* file, int line, const std::string& message) {
+  return message + " [" + path_from_source_root(file) + ":" + std::to_string(line) + "]";
 }
 
 }  // namespace tdist::detail

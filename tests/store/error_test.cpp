@@ -37,4 +37,15 @@ TEST(Stamp, AppendsThePathFromTheSourceRootAndTheLine) {
   }
 }
 
+TEST(Stamp, ShowsThePathFromTheLastSourceFolderWhereverTheCheckoutIs) {
+  using tdist::detail::stamp;
+  EXPECT_EQ(stamp("/home/u/src/tdist/src/comm/x.cpp", 7, "m"), "m [src/comm/x.cpp:7]");
+  EXPECT_EQ(stamp("/work/tests/tdist/include/tdist/error.h", 3, "m"),
+            "m [include/tdist/error.h:3]");
+  EXPECT_EQ(stamp("../tests/store/error_test.cpp", 9, "m"), "m [tests/store/error_test.cpp:9]");
+  EXPECT_EQ(stamp("/opt/bench/tdist/examples/gpt/trainer.cpp", 4, "m"),
+            "m [examples/gpt/trainer.cpp:4]");
+  EXPECT_EQ(stamp("elsewhere.cpp", 1, "m"), "m [elsewhere.cpp:1]");
+}
+
 }  // namespace
