@@ -31,6 +31,8 @@ class NCCLWork : public Work {
   /// True when every kernel of the collective has finished on the device.
   bool device_done() { return end_.query(); }
   Clock::time_point deadline() const { return deadline_; }
+  /// True when wait() blocks the host until the watchdog completes this Work.
+  bool blocks_host() const { return blocks_host_; }
   const c10::Device& device() const { return device_; }
 
  private:

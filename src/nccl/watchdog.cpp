@@ -32,6 +32,7 @@ void Watchdog::watch(std::shared_ptr<NCCLWork> work) {
           DistBackendError(who_ + ": the communicator was aborted by an earlier failure")));
       return;
     }
+    if (work->blocks_host()) host_waiter_added_ = true;
     in_flight_.push_back(std::move(work));
   }
   cv_.notify_all();
@@ -117,13 +118,21 @@ void Watchdog::drain() {
   }
 }
 
+std::chrono::microseconds Watchdog::next_poll_locked() const {
+  for (const auto& w : in_flight_) {
+    if (w->blocks_host()) return kHostWaitPoll;
+  }
+  return interval_;
+}
+
 void Watchdog::run() {
   // Completion callbacks may allocate on "cuda": make it this rank's GPU on this thread too.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(comm_.device()));
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, interval_, [&] { return stopping_; });
+      cv_.wait_for(lock, next_poll_locked(), [&] { return stopping_ || host_waiter_added_; });
+      host_waiter_added_ = false;
       if (failed_ && !stopping_) continue;
     }
     if (stopping()) {
