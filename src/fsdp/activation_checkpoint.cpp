@@ -1,13 +1,17 @@
 // The checkpoint autograd function (torch.utils.checkpoint's reentrant CheckpointFunction,
 // in LibTorch): forward runs the block under no_grad and saves only its inputs; backward
-// restores the RNG state, recomputes the block with grad on detached inputs and runs a
-// nested backward through it. FSDP's hooks stay outside (see activation_checkpoint.h).
+// restores the RNG states (CPU, and each input's accelerator), recomputes the block with grad on
+// detached inputs and runs a nested backward through it. FSDP's hooks stay outside (see
+// activation_checkpoint.h).
 
 #include "tdist/fsdp/activation_checkpoint.h"
 
+#include <algorithm>
 #include <mutex>
+#include <utility>
+#include <vector>
 
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -21,41 +25,79 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What the backward needs besides the saved inputs, kept in the context as a capsule.
-struct CheckpointState : public torch::CustomClassHolder {
-  CheckpointRun run;
-  at::Tensor cpu_rng_state;
-  size_t num_inputs = 0;  // real inputs (a dummy may follow)
+// The RNG states a recompute must replay: the CPU generator's, and (as
+// torch.utils.checkpoint's preserve_rng_state) the default generator of each accelerator
+// device an input is on, since dropout on CUDA tensors draws from the CUDA generator.
+struct RngStates {
+  at::Tensor cpu;
+  std::vector<std::pair<c10::Device, at::Tensor>> devices;
 };
 
-at::Tensor get_cpu_rng_state() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+at::Tensor get_rng_state(const c10::Device& device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+void set_rng_state(const c10::Device& device, const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
 
-// Restores the forward's RNG state for the recompute, and the current one afterwards.
-class ForkCpuRng {
- public:
-  explicit ForkCpuRng(const at::Tensor& state) : saved_(get_cpu_rng_state()) {
-    set_cpu_rng_state(state);
+RngStates get_rng_states(at::TensorList inputs) {
+  RngStates states;
+  states.cpu = get_rng_state(c10::Device(c10::kCPU));
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || t.device().is_cpu() || t.device().is_meta()) continue;
+    const c10::Device device = t.device();
+    const bool seen = std::any_of(states.devices.begin(), states.devices.end(),
+                                  [&](const auto& entry) { return entry.first == device; });
+    if (!seen) states.devices.emplace_back(device, get_rng_state(device));
   }
-  ~ForkCpuRng() { set_cpu_rng_state(saved_); }
+  return states;
+}
+
+void set_rng_states(const RngStates& states) {
+  set_rng_state(c10::Device(c10::kCPU), states.cpu);
+  for (const auto& [device, state] : states.devices) set_rng_state(device, state);
+}
+
+/// Which devices' states `states` holds, taken now: what the recompute's fork restores after.
+RngStates current_rng_states_like(const RngStates& states) {
+  RngStates now;
+  now.cpu = get_rng_state(c10::Device(c10::kCPU));
+  for (const auto& entry : states.devices) {
+    now.devices.emplace_back(entry.first, get_rng_state(entry.first));
+  }
+  return now;
+}
+
+// What the backward needs besides the saved inputs, kept in the context as a capsule.
+struct CheckpointState : public torch::CustomClassHolder {
+  CheckpointRun run;
+  RngStates rng_states;
+  size_t num_inputs = 0;  // real inputs (a dummy may follow)
+};
+
+// Restores the forward's RNG states for the recompute, and the current ones afterwards.
+class ForkRng {
+ public:
+  explicit ForkRng(const RngStates& forward) : saved_(current_rng_states_like(forward)) {
+    set_rng_states(forward);
+  }
+  ~ForkRng() { set_rng_states(saved_); }
+  ForkRng(const ForkRng&) = delete;
+  ForkRng& operator=(const ForkRng&) = delete;
 
  private:
-  at::Tensor saved_;
+  RngStates saved_;
 };
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext* ctx, c10::IValue capsule, at::TensorList inputs) {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(capsule.toCapsule());
-    state->cpu_rng_state = get_cpu_rng_state();
+    state->rng_states = get_rng_states(inputs);
     ctx->saved_data["state"] = capsule;
     ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
     std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + state->num_inputs);
@@ -80,7 +122,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     std::vector<at::Tensor> outputs;
     {
-      ForkCpuRng rng(state->cpu_rng_state);
+      ForkRng rng(state->rng_states);
       at::AutoGradMode grad(true);
       outputs = state->run(detached);
     }

@@ -1,8 +1,10 @@
 #include "tdist/fsdp/clip_grad.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -23,15 +25,28 @@ struct PartialNorms {
   at::Tensor replicated;
 };
 
+// Each device's gradients are reduced where they are, and each device's partial comes to the
+// host once: a .cpu() per gradient would make the host wait for the GPU at every parameter.
+// The sums run in the gradients' order per device, in double, as the host's did.
 at::Tensor local_partial(const std::vector<at::Tensor>& grads, double p) {
-  at::Tensor acc = at::zeros({}, at::kDouble);
+  const bool inf = std::isinf(p);
+  std::vector<std::pair<c10::Device, at::Tensor>> per_device;
   for (const auto& g : grads) {
-    at::Tensor gd = g.detach().to(at::kDouble);
-    if (std::isinf(p)) {
-      if (gd.numel() > 0) acc = at::maximum(acc, gd.abs().max().cpu());
+    if (g.numel() == 0) continue;  // adds nothing to a sum or a max
+    const at::Tensor gd = g.detach().to(at::kDouble);
+    const at::Tensor part = inf ? gd.abs().max() : gd.abs().pow(p).sum();
+    auto it = std::find_if(per_device.begin(), per_device.end(),
+                           [&](const auto& entry) { return entry.first == g.device(); });
+    if (it == per_device.end()) {
+      per_device.emplace_back(g.device(), part);
     } else {
-      acc += gd.abs().pow(p).sum().cpu();
+      it->second = inf ? at::maximum(it->second, part) : it->second + part;
     }
+  }
+  at::Tensor acc = at::zeros({}, at::kDouble);
+  for (const auto& entry : per_device) {
+    const at::Tensor on_host = entry.second.cpu();
+    acc = inf ? at::maximum(acc, on_host) : acc + on_host;
   }
   return acc;
 }

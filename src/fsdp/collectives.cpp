@@ -127,6 +127,9 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   StreamScope on_reduce_scatter(streams, StreamRole::kReduceScatter);
   result.output = at::empty({layout.total}, options);
   if (group->size() == 1) {
+    // No collective marks the input in use by this stream (as the process group's does): it
+    // was allocated on the compute stream, which may reuse it once the host drops it.
+    if (streams != nullptr) streams->record_use(result.input, StreamRole::kReduceScatter);
     result.output.copy_(flat_input);
     CommTimer issue(stats.comm_issue_ns);
     result.work = completed_work("reduce_scatter_tensor", {result.output});

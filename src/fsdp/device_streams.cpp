@@ -63,6 +63,12 @@ class C10DeviceStreams final : public DeviceStreams {
     stack.pop_back();
   }
 
+  void record_use(const at::Tensor& tensor, StreamRole user) override {
+    if (tensor.has_storage() && tensor.storage().nbytes() > 0) {
+      impl_.recordDataPtrOnStream(tensor.storage().data_ptr(), stream(user));
+    }
+  }
+
   void mark_host_fence() override {
     std::lock_guard<std::mutex> lock(fence_mutex_);
     fence_.emplace(device_.type());

@@ -21,7 +21,8 @@
 //    copy-out may still read it.
 //  - reduce-scatter: the gradients are copied in on the compute stream (which made them, and
 //    whose later allocations may reuse their memory once the host drops them); the
-//    reduce-scatter stream waits for it and the collective is issued with it current. The
+//    reduce-scatter stream waits for it and the collective is issued with it current (a
+//    group of one copies instead, and marks the input in use by that stream). The
 //    reduction's completion, division, HSDP all-reduce and installation as sharded gradients
 //    (device-to-host, non-blocking into pinned memory with CPU offload) run on the
 //    reduce-scatter stream, so the compute stream never waits for a reduce-scatter during
@@ -32,6 +33,7 @@
 
 #include <memory>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
 
@@ -56,6 +58,10 @@ class DeviceStreams {
   /// Makes `role`'s stream this thread's current stream, until the matching leave().
   virtual void enter(StreamRole role) = 0;
   virtual void leave() = 0;
+  /// `tensor` (allocated on another stream) is used by work queued on `user`: the caching
+  /// allocator keeps its memory from that stream's next owner until the work `user` has
+  /// queued when the tensor is freed is done (c10's recordDataPtrOnStream, Tensor.record_stream).
+  virtual void record_use(const at::Tensor& tensor, StreamRole user) = 0;
   /// Marks the work queued on the current stream so far as what host_wait() waits for.
   virtual void mark_host_fence() = 0;
   /// Blocks the host until the last marked work is done (nothing marked: returns at once).

@@ -41,9 +41,11 @@ class FSDPState {
   void set_parent(FSDPState* parent) { parent_ = parent; }
   const std::weak_ptr<torch::nn::Module>& module() const { return module_; }
   FSDPStats& stats() { return group_ ? group_->stats() : stats_; }
-  void set_is_last_backward(bool last) { is_last_backward_ = last; }
+  // As FSDP2, where every module of a tree shares one state context: set on any module of
+  // the tree, they are the root's (its forward and its end of backward read them).
+  void set_is_last_backward(bool last) { top()->is_last_backward_ = last; }
   void set_post_optim_event(std::shared_ptr<c10::Event> event) {
-    post_optim_event_ = std::move(event);
+    top()->post_optim_event_ = std::move(event);
   }
   /// fully_shard over several modules: this state is theirs (the first is module()).
   void set_module_count(size_t count) { module_count_ = count; }
@@ -82,8 +84,7 @@ class FSDPState {
   bool in_forward_ = false;
   bool callback_queued_ = false;
   bool is_last_backward_ = true;
-  std::shared_ptr<c10::Event> post_optim_event_;  // the root's, for its next forward  // read on
-                                                  // the root (FSDPModule::set_is_last_backward)
+  std::shared_ptr<c10::Event> post_optim_event_;  // for the root's next forward
   size_t module_count_ = 1;
   bool bypass_checked_ = false;
   bool ran_forward_this_step_ = false;

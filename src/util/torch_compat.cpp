@@ -1,5 +1,6 @@
 #include "tdist/util/torch_compat.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -25,6 +26,9 @@ void allocate_storage(const at::Tensor& tensor, size_t nbytes) {
                 "allocate_storage: the storage has no allocator (it wraps external memory); "
                 "FSDP needs tensors created by LibTorch");
   }
+  // A device's caching allocator allocates on the current device (and stream): make that the
+  // tensor's, or the storage would name one device and the TensorImpl another.
+  c10::OptionalDeviceGuard on_device(tensor.device());
   storage->set_data_ptr_noswap(allocator->allocate(nbytes));
   storage->set_nbytes(nbytes);
 }

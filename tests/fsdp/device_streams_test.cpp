@@ -44,6 +44,9 @@ class RecordingStreams final : public DeviceStreams {
     log(std::string("leave ") + to_string(entered_.back()));
     entered_.pop_back();
   }
+  void record_use(const at::Tensor&, StreamRole user) override {
+    log(std::string("record_use ") + to_string(user));
+  }
   void mark_host_fence() override { log("fence"); }
   void host_wait() override { log("host_wait"); }
 
@@ -73,7 +76,8 @@ size_t count(const std::vector<std::string>& log, const std::string& line) {
 // streams) in one rank; returns the parameters at the end.
 std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>& streams,
                                         std::vector<std::string>* step_log,
-                                        bool post_optim_event = false) {
+                                        bool post_optim_event = false,
+                                        bool event_on_a_block = false) {
   init_process_group(InitProcessGroupOptions()
                          .backend("gloo")
                          .store(std::make_shared<HashStore>())
@@ -88,7 +92,8 @@ std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>&
     FullyShardOptions options;
     options.mp_policy(
         MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
-    for (auto& block : model->blocks) fully_shard(block, options);
+    std::vector<FSDPModule> blocks;
+    for (auto& block : model->blocks) blocks.push_back(fully_shard(block, options));
     FullyShardOptions root = options;
     root.mp_policy(MixedPrecisionPolicy(options.mp_policy()).output_dtype(torch::kFloat));
     FSDPModule root_handle = fully_shard(model, root);
@@ -98,7 +103,8 @@ std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>&
       opt.zero_grad();
       if (streams) streams->take();
       if (post_optim_event && step == 1) {
-        root_handle.set_post_optim_event(std::make_shared<c10::Event>(c10::kCPU));
+        FSDPModule& handle = event_on_a_block ? blocks.back() : root_handle;
+        handle.set_post_optim_event(std::make_shared<c10::Event>(c10::kCPU));
       }
       testing::lm_loss(forward(model, x), y).backward();
       if (streams && step == 1) *step_log = streams->take();
@@ -142,6 +148,9 @@ TEST(FSDPStreams, TrainingStepOrdersCopiesAndCollectivesAsFsdp2) {
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-compute"), 1 + all_gathers) << joined;
   // Each reduce-scatter is issued after the compute stream (the gradients' copy-in) ...
   EXPECT_EQ(count(log, "wait reduce_scatter<-compute"), 3u) << joined;
+  // At world 1 no collective reads the copied-in gradients: the copy on the reduce-scatter
+  // stream does, and marks them in use there (else the compute stream could reuse them first).
+  EXPECT_EQ(count(log, "record_use reduce_scatter"), 3u) << joined;
   // ... and the compute stream joins the reduce-scatter stream once per group at the end,
   // after the last reduce-scatter was finished, with the host wait for offloaded copies.
   EXPECT_EQ(count(log, "wait compute<-reduce_scatter"), 3u) << joined;
@@ -167,6 +176,18 @@ TEST(FSDPStreams, PostOptimEventReplacesTheComputeStreamWait) {
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
   // Left: the waits after each of the 5 copy-outs.
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-compute"), 5u) << joined;
+}
+
+// As FSDP2 (one state context per tree): the event set on a block is the root's.
+TEST(FSDPStreams, PostOptimEventSetOnABlockIsTheRoots) {
+  auto streams = std::make_shared<RecordingStreams>();
+  std::vector<std::string> log;
+  train_two_steps(streams, &log, /*post_optim_event=*/true, /*event_on_a_block=*/true);
+  std::string joined;
+  for (const auto& line : log) joined += line + "\n";
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front(), "wait all_gather_copy_in<-event") << joined;
+  EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
 }
 
 // ---- the real DeviceStreams on a fake device ----------------------------------------------
@@ -215,6 +236,9 @@ struct RecordingGuard final : public c10::impl::DeviceGuardImplInterface {
     ASSERT_NE(event, nullptr);
     guard_log("host waits");
   }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream& s) const override {
+    guard_log("in use on " + id(s));
+  }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete static_cast<int*>(event);
   }
@@ -231,12 +255,14 @@ TEST(FSDPStreams, C10StreamsDriveTheDeviceGuard) {
     streams->wait(StreamRole::kAllGatherCopyIn, StreamRole::kCompute);
     streams->wait(StreamRole::kReduceScatter, StreamRole::kAllGatherCopyIn);
     streams->mark_host_fence();  // on the current stream: the copy-in's
+    streams->record_use(at::ones({4}), StreamRole::kReduceScatter);
+    streams->record_use(at::empty({0}), StreamRole::kReduceScatter);  // no memory: nothing
   }
   streams->host_wait();
   streams->host_wait();  // nothing marked since: no second host wait
-  const std::vector<std::string> want = {"pool low",   "pool high",    "current s1", "record on s0",
-                                         "block s1",   "record on s1", "block s2",   "record on s1",
-                                         "current s0", "host waits"};
+  const std::vector<std::string> want = {
+      "pool low", "pool high",    "current s1",   "record on s0", "block s1",  "record on s1",
+      "block s2", "record on s1", "in use on s2", "current s0",   "host waits"};
   EXPECT_EQ(g_guard_log, want);
   EXPECT_EQ(g_current.id(), 0);
   EXPECT_EQ(device_streams_for(c10::Device(c10::kCPU)), nullptr);

@@ -290,7 +290,8 @@ TEST(FSDPRuntimeControls, ReshardAfterBackwardFalseSavesForwardAllGathersAtWorld
 //  - set_requires_all_reduce(false) (HSDP, FSDP_HSDP_SHARD ranks per replica): the first
 //    backward issues no replica all-reduce and leaves no gradient on the parameters; the
 //    second all-reduces the sum once per group, and the gradients are the default's.
-//  - set_is_last_backward(false): the first backward returns with the last reduce-scatter
+//  - set_is_last_backward(false) (set on a block, which sets the root's): the first backward
+//  returns with the last reduce-scatter
 //    still in flight (some parameter has no gradient yet); after the second, with it true,
 //    the gradients are bitwise the default's.
 TDIST_SCENARIO(fsdp_accumulation_controls) {
@@ -361,7 +362,7 @@ TDIST_SCENARIO(fsdp_accumulation_controls) {
   }
 
   clear_grads();
-  root.set_is_last_backward(false);
+  groups.front().set_is_last_backward(false);  // set on a block: the tree's, as FSDP2's
   micro(0);
   EXPECT_LT(defined(grads()), n_params) << "the last reduce-scatter is still in flight";
   root.set_is_last_backward(true);

@@ -1,9 +1,10 @@
 // Training on a GPU: FSDP (fp32, bf16 mixed precision, CPU offload), DDP and distributed
 // checkpoints on CUDA models, each against single-process training of the same model on the
-// same GPU; world 1 over NCCL and worlds 2 (and 3 for checkpoints) over Gloo on one shared
-// GPU (NCCL refuses two ranks on one GPU). Without a GPU every CUDA case skips with the
-// reason. The same scenarios also run on CPU (TrainOnDevice.CpuBaseline) so that what the
-// CUDA cases assert is itself checked on every machine.
+// same GPU (and activation checkpointing's replay of the CUDA RNG); world 1 over NCCL and worlds 2
+// (and 3 for checkpoints) over Gloo on one shared GPU (NCCL refuses two ranks on one GPU). Without
+// a GPU every CUDA case skips with the reason. The same scenarios also run on CPU
+// (TrainOnDevice.CpuBaseline) so that what the CUDA cases assert is itself checked on every
+// machine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_shard.h"
@@ -321,6 +323,20 @@ TEST_F(TrainOnCuda, DdpParity) {
 
 TEST_F(TrainOnCuda, CheckpointCudaToCpuToCuda) {
   checkpoint_round_trip("cuda");
+}
+
+// Activation checkpointing on CUDA: the recompute replays the forward's dropout mask, which
+// the CUDA generator drew (the CPU's is not enough; ActivationCheckpoint.RecomputeReplays-
+// Randomness checks the CPU case).
+TEST_F(TrainOnCuda, CheckpointRecomputeReplaysCudaRandomness) {
+  torch::nn::Dropout dropout(0.5);
+  auto x = torch::ones({4096}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
+  torch::manual_seed(3);
+  auto out = fsdp::checkpointed_forward(dropout, x);
+  torch::rand({10}, torch::TensorOptions().device(torch::kCUDA));  // the CUDA RNG moves on
+  out.sum().backward();
+  // Same mask in forward and recompute: the gradient is 2 exactly where the output is.
+  EXPECT_TRUE(torch::equal(x.grad().cpu(), out.detach().cpu()));
 }
 
 // The scenarios above with every tensor on the CPU: the assertions the CUDA cases make are

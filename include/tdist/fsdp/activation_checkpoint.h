@@ -18,11 +18,11 @@
 // reduce-scatters them. So a checkpointed block all-gathers as often as a plain one.
 //
 // Semantics of torch.utils.checkpoint(use_reentrant=True): the recompute runs a nested
-// backward; the CPU RNG state of the forward is restored for the recompute (dropout masks
-// match). Under NoGradGuard it is a plain tdist::fsdp::forward. Limits: the block's forward
-// must not call fully_shard'ed submodules (their FSDP pre-forward cannot run inside
-// backward), and torch::autograd::grad() (not backward()) does not reach parameters through
-// a checkpoint, as in PyTorch's reentrant variant.
+// backward; the forward's RNG states (the CPU generator's and that of each CUDA device an
+// input is on) are restored for the recompute, so dropout masks match. Under NoGradGuard it is a
+// plain tdist::fsdp::forward. Limits: the block's forward must not call fully_shard'ed submodules
+// (their FSDP pre-forward cannot run inside backward), and torch::autograd::grad() (not backward())
+// does not reach parameters through a checkpoint, as in PyTorch's reentrant variant.
 
 #include <functional>
 #include <memory>

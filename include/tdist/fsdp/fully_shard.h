@@ -187,15 +187,16 @@ class FSDPModule {
   /// with less communication). No effect without replicas. recurse: also every
   /// fully_shard'ed module below.
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
-  /// FSDP2's set_is_last_backward, on the root: false lets the next backward return with its
+  /// FSDP2's set_is_last_backward (called on any module of a tree, it sets the root's, as
+  /// FSDP2's shared state does): false lets the next backward return with its
   /// last reduce-scatter still in flight, overlapping the next microbatch's forward; those
   /// gradients land at the start of the following backward. Set it back to true before the
   /// last microbatch: that backward returns with every gradient in place.
   void set_is_last_backward(bool is_last_backward);
-  /// FSDP2's set_post_optim_event, on the root: the next forward's all-gather copy-ins wait
-  /// for `event` (recorded by the caller after optimizer.step()) instead of for everything
-  /// queued on the current stream, which may hold unrelated work; used once, then dropped,
-  /// so set a new one every step. Without streams (the CPU) there is nothing to order and
+  /// FSDP2's set_post_optim_event (on any module of a tree, for its root): the next forward's
+  /// all-gather copy-ins wait for `event` (recorded by the caller after optimizer.step()) instead
+  /// of for everything queued on the current stream, which may hold unrelated work; used once, then
+  /// dropped, so set a new one every step. Without streams (the CPU) there is nothing to order and
   /// the event is dropped.
   void set_post_optim_event(std::shared_ptr<c10::Event> event);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
