@@ -33,16 +33,16 @@ bool ExtraState::operator==(const ExtraState& other) const {
          rng_states == other.rng_states && user == other.user;
 }
 
-std::vector<uint8_t> capture_torch_rng_state() {
-  auto gen = at::globalContext().defaultGenerator(c10::DeviceType::CPU);
+std::vector<uint8_t> capture_torch_rng_state(const c10::Device& device) {
+  auto gen = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor state = gen.get_state().contiguous();
+  at::Tensor state = gen.get_state().contiguous();  // a CPU byte tensor, for every device
   const auto* p = state.data_ptr<uint8_t>();
   return std::vector<uint8_t>(p, p + state.numel());
 }
 
-void restore_torch_rng_state(const std::vector<uint8_t>& state) {
-  auto gen = at::globalContext().defaultGenerator(c10::DeviceType::CPU);
+void restore_torch_rng_state(const std::vector<uint8_t>& state, const c10::Device& device) {
+  auto gen = at::globalContext().defaultGenerator(device);
   at::Tensor t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
   if (!state.empty()) std::memcpy(t.data_ptr<uint8_t>(), state.data(), state.size());
   std::lock_guard<std::mutex> lock(gen.mutex());

@@ -117,9 +117,12 @@ bool ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced, bool non_b
   at::Tensor& slot = param_.mutable_grad();
   at::Tensor total = std::move(stashed_grad_);
   stashed_grad_ = at::Tensor();
-  // The host adds to what it copies only once the copy has landed.
+  // The host adds to what it copies only once the copy has landed. Only into pinned shards
+  // (CPUOffloadPolicy(pin_memory)): a non-blocking copy to the host allocates pinned memory
+  // itself, which pin_memory(false) asks not to use (FSDP2 copies blocking then).
   const bool in_flight = non_blocking && reduced.defined() && !total.defined() && !slot.defined() &&
-                         shard_options_.device().is_cpu() && !reduced.is_cpu();
+                         shard_options_.device().is_cpu() && shard_options_.pinned_memory() &&
+                         !reduced.is_cpu();
   // Note [Mixed precision and offload]: the sharded gradient has the shard's dtype/device.
   const at::Tensor grad =
       reduced.defined() ? reduced.to(shard_options_, in_flight, /*copy=*/true) : reduced;

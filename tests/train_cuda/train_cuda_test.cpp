@@ -16,6 +16,7 @@
 #include "support/ranks.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/coordinator.h"
+#include "tdist/checkpoint/extra_state.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
@@ -337,6 +338,17 @@ TEST_F(TrainOnCuda, CheckpointRecomputeReplaysCudaRandomness) {
   out.sum().backward();
   // Same mask in forward and recompute: the gradient is 2 exactly where the output is.
   EXPECT_TRUE(torch::equal(x.grad().cpu(), out.detach().cpu()));
+}
+
+// A resumable run on a GPU saves that GPU's generator too (SaveLoad.RngStateRestores checks
+// the CPU's).
+TEST_F(TrainOnCuda, GpuRngStateRestores) {
+  const c10::Device gpu(c10::kCUDA, 0);
+  const std::vector<uint8_t> state = checkpoint::capture_torch_rng_state(gpu);
+  const at::Tensor a = torch::randn({8}, torch::TensorOptions().device(gpu)).cpu();
+  checkpoint::restore_torch_rng_state(state, gpu);
+  EXPECT_TRUE(torch::equal(a, torch::randn({8}, torch::TensorOptions().device(gpu)).cpu()));
+  EXPECT_FALSE(torch::equal(a, torch::randn({8}, torch::TensorOptions().device(gpu)).cpu()));
 }
 
 // The scenarios above with every tensor on the CPU: the assertions the CUDA cases make are

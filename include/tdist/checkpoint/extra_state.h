@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 namespace tdist::checkpoint {
@@ -28,9 +29,12 @@ struct ExtraState {
   bool operator==(const ExtraState& other) const;
 };
 
-/// The default CPU generator's state (the bytes of at::Generator::get_state()).
-std::vector<uint8_t> capture_torch_rng_state();
-/// Restores what capture_torch_rng_state() returned.
-void restore_torch_rng_state(const std::vector<uint8_t>& state);
+/// The state of `device`'s default generator (the bytes of at::Generator::get_state()): the
+/// CPU's, or a GPU's ("cuda:0"; a run that draws random numbers on its GPU, such as dropout
+/// on CUDA tensors, saves that one too to resume bit for bit).
+std::vector<uint8_t> capture_torch_rng_state(const c10::Device& device = c10::Device(c10::kCPU));
+/// Restores what capture_torch_rng_state(device) returned.
+void restore_torch_rng_state(const std::vector<uint8_t>& state,
+                             const c10::Device& device = c10::Device(c10::kCPU));
 
 }  // namespace tdist::checkpoint
