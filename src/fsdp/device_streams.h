@@ -7,18 +7,18 @@
 // Note [FSDP streams]
 // As FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py), on CUDA:
 //  - all-gather: the copy-in stream waits for the compute stream (the optimizer may just have
-//    written the shards) once per forward, in the root's pre-forward, or for the event given
-//    to FSDPModule::set_post_optim_event instead; an all-gather outside a root's forward and
-//    backward (an explicit unshard, Join's replay) and one of a post-forward slab (which the
-//    compute stream wrote) waits itself. The copy-in (host-to-device and non-blocking for
+//    written the shards) once per forward, in the root's pre-forward, or for the event given to
+//    FSDPModule::set_post_optim_event instead; an explicit FSDPModule::unshard, an all-gather
+//    outside a root's forward and backward (Join's replay) and one of a post-forward slab (which
+//    the compute stream wrote) waits itself. The copy-in (host-to-device and non-blocking for
 //    pinned offloaded shards) runs on it and the all-gather is issued with it current, so the
-//    collective (on the process group's own stream, Note [Stream semantics] in docs/nccl.md)
-//    waits for the copy-in only, not for the compute queued since: a prefetched all-gather
-//    overlaps the current module's compute. The copy-out runs on the compute stream after
-//    Work::wait (stream-ordered, the host does not block); then the copy-in stream waits for
-//    the compute stream, because the caching allocator hands a block freed by a stream to that
-//    stream's next allocation: the next copy-in must not reuse the gathered buffer while the
-//    copy-out may still read it.
+//    collective (on the process group's own stream, Note [Stream semantics] in docs/nccl.md) waits
+//    for the copy-in only, not for the compute queued since: a prefetched all-gather overlaps the
+//    current module's compute. The copy-out runs on the compute stream after Work::wait
+//    (stream-ordered, the host does not block); then the copy-in stream waits for the compute
+//    stream, because the caching allocator hands a block freed by a stream to that stream's next
+//    allocation: the next copy-in must not reuse the gathered buffer while the copy-out may still
+//    read it.
 //  - reduce-scatter: the gradients are copied in on the compute stream (which made them, and
 //    whose later allocations may reuse their memory once the host drops them); the
 //    reduce-scatter stream waits for it and the collective is issued with it current (a

@@ -313,7 +313,7 @@ detail::FSDPState& FSDPModule::state() const {
 }
 
 void FSDPModule::unshard(bool async_op) {
-  if (auto* g = state().group()) g->unshard(async_op);
+  if (auto* g = state().group()) g->unshard(async_op, /*by_user=*/true);
 }
 
 void FSDPModule::wait_for_unshard() {

@@ -135,7 +135,7 @@ void ParamGroup::check(bool condition, const char* verb, const char* expected) c
 
 // ---- verbs ------------------------------------------------------------------------------
 
-void ParamGroup::unshard(bool async_op) {
+void ParamGroup::unshard(bool async_op, bool by_user) {
   if (shard_state_ == ShardState::kUnsharding || shard_state_ == ShardState::kUnsharded) {
     if (!async_op) wait_for_unshard();
     return;
@@ -151,7 +151,7 @@ void ParamGroup::unshard(bool async_op) {
   const bool from_slab = shard_state_ == ShardState::kShardedPostForward;
   buffers_->start_all_gather(
       from_slab ? post_forward_slab_.view({-1}) : at::Tensor(), config_.post_forward_group,
-      /*inputs_ordered=*/comm_ != nullptr && comm_->all_gather_inputs_ordered);
+      /*inputs_ordered=*/!by_user && comm_ != nullptr && comm_->all_gather_inputs_ordered);
   shard_state_ = ShardState::kUnsharding;
   ++stats_.all_gathers;
   if (!async_op) wait_for_unshard();

@@ -86,7 +86,11 @@ class ParamGroup {
   void set_backward_prefetch(std::vector<ParamGroup*> groups) { backward_prefetch_ = groups; }
 
   // ---- verbs (idempotent; each checks its precondition) ----
-  void unshard(bool async_op);
+  /// `by_user` (FSDPModule::unshard): the copy-in waits for the compute stream itself, since
+  /// a user's call may follow writes to the shards made after the root's forward ordered
+  /// the copy-ins (an optimizer step or a state-dict load after a forward with no backward),
+  /// as FSDP2's explicit unshard copies in on the current stream.
+  void unshard(bool async_op, bool by_user = false);
   void wait_for_unshard();
   void reshard();
   /// summon_full_params: all-gathers the full parameters in the sharded dtype (with_grads:

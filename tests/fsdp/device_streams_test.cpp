@@ -190,6 +190,43 @@ TEST(FSDPStreams, PostOptimEventSetOnABlockIsTheRoots) {
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
 }
 
+// A forward with grad and no backward leaves the root's ordering of the copy-ins standing
+// (for a backward that never comes); the user may then write the shards (a state-dict load,
+// an optimizer step) and unshard a module explicitly: that copy-in waits for the compute
+// stream itself, as FSDP2's explicit unshard copies in on the current stream.
+TEST(FSDPStreams, AnExplicitUnshardWaitsForTheComputeStream) {
+  init_process_group(InitProcessGroupOptions()
+                         .backend("gloo")
+                         .store(std::make_shared<HashStore>())
+                         .rank(0)
+                         .world_size(1));
+  auto streams = std::make_shared<RecordingStreams>();
+  std::vector<std::string> log;
+  {
+    ScopedDeviceStreamsOverride override_streams(streams);
+    testing::TinyConfig c;
+    testing::TinyTransformer model = testing::make_tiny(c);
+    FullyShardOptions options;  // bf16: the general buffers, which carry the streams
+    options.mp_policy(
+        MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
+    std::vector<FSDPModule> blocks;
+    for (auto& block : model->blocks) blocks.push_back(fully_shard(block, options));
+    fully_shard(model, options);
+    auto [x, y] = testing::tiny_batch(c, 2, 0);
+    at::Tensor loss = testing::lm_loss(forward(model, x), y);  // no backward
+    streams->take();
+    blocks.front().unshard();
+    log = streams->take();
+    blocks.front().reshard();
+  }
+  destroy_process_group();
+  std::string joined;
+  for (const auto& line : log) joined += line + "\n";
+  const auto enter = std::find(log.begin(), log.end(), "enter all_gather_copy_in");
+  ASSERT_NE(enter, log.end()) << joined;
+  EXPECT_NE(std::find(log.begin(), enter, "wait all_gather_copy_in<-compute"), enter) << joined;
+}
+
 // ---- the real DeviceStreams on a fake device ----------------------------------------------
 
 std::mutex g_guard_mutex;
