@@ -2,12 +2,11 @@
 
 #include <cstring>
 
-#include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 #include <ATen/ops/empty.h>
 
 #include "checkpoint/metadata_codec.h"
 #include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::checkpoint {
 
@@ -34,19 +33,15 @@ bool ExtraState::operator==(const ExtraState& other) const {
 }
 
 std::vector<uint8_t> capture_torch_rng_state(const c10::Device& device) {
-  auto gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor state = gen.get_state().contiguous();  // a CPU byte tensor, for every device
+  const at::Tensor state = util::generator_state(device).contiguous();
   const auto* p = state.data_ptr<uint8_t>();
   return std::vector<uint8_t>(p, p + state.numel());
 }
 
 void restore_torch_rng_state(const std::vector<uint8_t>& state, const c10::Device& device) {
-  auto gen = at::globalContext().defaultGenerator(device);
   at::Tensor t = at::empty({static_cast<int64_t>(state.size())}, at::kByte);
   if (!state.empty()) std::memcpy(t.data_ptr<uint8_t>(), state.data(), state.size());
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(t);
+  util::set_generator_state(device, t);
 }
 
 }  // namespace tdist::checkpoint

@@ -7,16 +7,15 @@
 #include "tdist/fsdp/activation_checkpoint.h"
 
 #include <algorithm>
-#include <mutex>
 #include <utility>
 #include <vector>
 
-#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "tdist/error.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 
@@ -25,52 +24,33 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The RNG states a recompute must replay: the CPU generator's, and (as
-// torch.utils.checkpoint's preserve_rng_state) the default generator of each accelerator
-// device an input is on, since dropout on CUDA tensors draws from the CUDA generator.
-struct RngStates {
-  at::Tensor cpu;
-  std::vector<std::pair<c10::Device, at::Tensor>> devices;
-};
-
-at::Tensor get_rng_state(const c10::Device& device) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_rng_state(const c10::Device& device, const at::Tensor& state) {
-  at::Generator gen = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-RngStates get_rng_states(at::TensorList inputs) {
-  RngStates states;
-  states.cpu = get_rng_state(c10::Device(c10::kCPU));
+// The generators a recompute must replay: the CPU's and (as torch.utils.checkpoint's
+// preserve_rng_state) the default generator of each accelerator device an input is on, since
+// dropout on CUDA tensors draws from the CUDA generator.
+std::vector<c10::Device> rng_devices(at::TensorList inputs) {
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
   for (const at::Tensor& t : inputs) {
-    if (!t.defined() || t.device().is_cpu() || t.device().is_meta()) continue;
-    const c10::Device device = t.device();
-    const bool seen = std::any_of(states.devices.begin(), states.devices.end(),
-                                  [&](const auto& entry) { return entry.first == device; });
-    if (!seen) states.devices.emplace_back(device, get_rng_state(device));
+    if (!t.defined() || t.device().is_meta()) continue;
+    if (std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+      devices.push_back(t.device());
+    }
+  }
+  return devices;
+}
+
+/// Each device's generator state, in the order of `devices`.
+using RngStates = std::vector<std::pair<c10::Device, at::Tensor>>;
+
+RngStates get_rng_states(const std::vector<c10::Device>& devices) {
+  RngStates states;
+  for (const c10::Device& device : devices) {
+    states.emplace_back(device, util::generator_state(device));
   }
   return states;
 }
 
 void set_rng_states(const RngStates& states) {
-  set_rng_state(c10::Device(c10::kCPU), states.cpu);
-  for (const auto& [device, state] : states.devices) set_rng_state(device, state);
-}
-
-/// Which devices' states `states` holds, taken now: what the recompute's fork restores after.
-RngStates current_rng_states_like(const RngStates& states) {
-  RngStates now;
-  now.cpu = get_rng_state(c10::Device(c10::kCPU));
-  for (const auto& entry : states.devices) {
-    now.devices.emplace_back(entry.first, get_rng_state(entry.first));
-  }
-  return now;
+  for (const auto& [device, state] : states) util::set_generator_state(device, state);
 }
 
 // What the backward needs besides the saved inputs, kept in the context as a capsule.
@@ -83,7 +63,9 @@ struct CheckpointState : public torch::CustomClassHolder {
 // Restores the forward's RNG states for the recompute, and the current ones afterwards.
 class ForkRng {
  public:
-  explicit ForkRng(const RngStates& forward) : saved_(current_rng_states_like(forward)) {
+  explicit ForkRng(const RngStates& forward) {
+    for (const auto& entry : forward)
+      saved_.emplace_back(entry.first, util::generator_state(entry.first));
     set_rng_states(forward);
   }
   ~ForkRng() { set_rng_states(saved_); }
@@ -97,7 +79,7 @@ class ForkRng {
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static variable_list forward(AutogradContext* ctx, c10::IValue capsule, at::TensorList inputs) {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(capsule.toCapsule());
-    state->rng_states = get_rng_states(inputs);
+    state->rng_states = get_rng_states(rng_devices(inputs));
     ctx->saved_data["state"] = capsule;
     ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
     std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + state->num_inputs);

@@ -21,6 +21,7 @@
 #include "fsdp/registry.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
 
@@ -62,33 +63,26 @@ uint64_t module_seed(uint64_t seed, const std::string& name) {
 class SeededGenerators {
  public:
   explicit SeededGenerators(const c10::Device& device) {
-    generators_.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCPU)));
-    if (!device.is_cpu() && !device.is_meta()) {
-      generators_.push_back(at::globalContext().defaultGenerator(device));
-    }
-    for (auto& g : generators_) {
-      std::lock_guard<std::mutex> lock(g.mutex());
-      saved_.push_back(g.get_state());
-    }
+    devices_.emplace_back(c10::kCPU);
+    if (!device.is_cpu() && !device.is_meta()) devices_.push_back(device);
+    for (const c10::Device& d : devices_) saved_.push_back(util::generator_state(d));
   }
   ~SeededGenerators() {
-    for (size_t i = 0; i < generators_.size(); ++i) {
-      std::lock_guard<std::mutex> lock(generators_[i].mutex());
-      generators_[i].set_state(saved_[i]);
-    }
+    for (size_t i = 0; i < devices_.size(); ++i) util::set_generator_state(devices_[i], saved_[i]);
   }
   SeededGenerators(const SeededGenerators&) = delete;
   SeededGenerators& operator=(const SeededGenerators&) = delete;
 
   void seed(uint64_t seed) {
-    for (auto& g : generators_) {
+    for (const c10::Device& d : devices_) {
+      at::Generator g = at::globalContext().defaultGenerator(d);
       std::lock_guard<std::mutex> lock(g.mutex());
       g.set_current_seed(seed);
     }
   }
 
  private:
-  std::vector<at::Generator> generators_;
+  std::vector<c10::Device> devices_;
   std::vector<at::Tensor> saved_;
 };
 

@@ -1,5 +1,8 @@
 #include "tdist/util/torch_compat.h"
 
+#include <mutex>
+
+#include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/variable.h>
@@ -7,6 +10,18 @@
 #include "tdist/error.h"
 
 namespace tdist::util {
+
+at::Tensor generator_state(const c10::Device& device) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(const c10::Device& device, const at::Tensor& state) {
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 void free_storage(const at::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();

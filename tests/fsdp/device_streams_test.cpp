@@ -72,26 +72,43 @@ size_t count(const std::vector<std::string>& log, const std::string& line) {
   return static_cast<size_t>(std::count(log.begin(), log.end(), line));
 }
 
+// The log, one entry per line, for failure messages.
+std::string join_lines(const std::vector<std::string>& log) {
+  std::string joined;
+  for (const auto& line : log) joined += line + "\n";
+  return joined;
+}
+
+void init_world_of_one() {
+  init_process_group(InitProcessGroupOptions()
+                         .backend("gloo")
+                         .store(std::make_shared<HashStore>())
+                         .rank(0)
+                         .world_size(1));
+}
+
+// bf16 mixed precision: the general buffers, which carry the streams.
+FullyShardOptions bf16_options() {
+  FullyShardOptions options;
+  options.mp_policy(
+      MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
+  return options;
+}
+
 // Two steps of the tiny model (bf16 mixed precision: the general buffers, which carry the
 // streams) in one rank; returns the parameters at the end.
 std::vector<at::Tensor> train_two_steps(const std::shared_ptr<RecordingStreams>& streams,
                                         std::vector<std::string>* step_log,
                                         bool post_optim_event = false,
                                         bool event_on_a_block = false) {
-  init_process_group(InitProcessGroupOptions()
-                         .backend("gloo")
-                         .store(std::make_shared<HashStore>())
-                         .rank(0)
-                         .world_size(1));
+  init_world_of_one();
   std::optional<ScopedDeviceStreamsOverride> override_streams;
   if (streams) override_streams.emplace(streams);
   std::vector<at::Tensor> params;
   {
     testing::TinyConfig c;
     testing::TinyTransformer model = testing::make_tiny(c);
-    FullyShardOptions options;
-    options.mp_policy(
-        MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
+    const FullyShardOptions options = bf16_options();
     std::vector<FSDPModule> blocks;
     for (auto& block : model->blocks) blocks.push_back(fully_shard(block, options));
     FullyShardOptions root = options;
@@ -128,8 +145,7 @@ TEST(FSDPStreams, TrainingStepOrdersCopiesAndCollectivesAsFsdp2) {
   // Forward + backward of a step (2 blocks + root = 3 groups): each group all-gathers in
   // forward and in backward except the root, which keeps its parameters after forward.
   ASSERT_FALSE(log.empty());
-  std::string joined;
-  for (const auto& line : log) joined += line + "\n";
+  const std::string joined = join_lines(log);
   const size_t all_gathers = count(log, "enter all_gather_copy_in");
   const size_t reduce_scatter_scopes = count(log, "enter reduce_scatter");
   EXPECT_EQ(all_gathers, 5u) << joined;  // this log is backward only: forward ran before
@@ -169,8 +185,7 @@ TEST(FSDPStreams, PostOptimEventReplacesTheComputeStreamWait) {
   auto streams = std::make_shared<RecordingStreams>();
   std::vector<std::string> log;
   train_two_steps(streams, &log, /*post_optim_event=*/true);
-  std::string joined;
-  for (const auto& line : log) joined += line + "\n";
+  const std::string joined = join_lines(log);
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.front(), "wait all_gather_copy_in<-event") << joined;
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
@@ -183,8 +198,7 @@ TEST(FSDPStreams, PostOptimEventSetOnABlockIsTheRoots) {
   auto streams = std::make_shared<RecordingStreams>();
   std::vector<std::string> log;
   train_two_steps(streams, &log, /*post_optim_event=*/true, /*event_on_a_block=*/true);
-  std::string joined;
-  for (const auto& line : log) joined += line + "\n";
+  const std::string joined = join_lines(log);
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.front(), "wait all_gather_copy_in<-event") << joined;
   EXPECT_EQ(count(log, "wait all_gather_copy_in<-event"), 1u) << joined;
@@ -195,20 +209,14 @@ TEST(FSDPStreams, PostOptimEventSetOnABlockIsTheRoots) {
 // an optimizer step) and unshard a module explicitly: that copy-in waits for the compute
 // stream itself, as FSDP2's explicit unshard copies in on the current stream.
 TEST(FSDPStreams, AnExplicitUnshardWaitsForTheComputeStream) {
-  init_process_group(InitProcessGroupOptions()
-                         .backend("gloo")
-                         .store(std::make_shared<HashStore>())
-                         .rank(0)
-                         .world_size(1));
+  init_world_of_one();
   auto streams = std::make_shared<RecordingStreams>();
   std::vector<std::string> log;
   {
     ScopedDeviceStreamsOverride override_streams(streams);
     testing::TinyConfig c;
     testing::TinyTransformer model = testing::make_tiny(c);
-    FullyShardOptions options;  // bf16: the general buffers, which carry the streams
-    options.mp_policy(
-        MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat));
+    const FullyShardOptions options = bf16_options();
     std::vector<FSDPModule> blocks;
     for (auto& block : model->blocks) blocks.push_back(fully_shard(block, options));
     fully_shard(model, options);
@@ -220,8 +228,7 @@ TEST(FSDPStreams, AnExplicitUnshardWaitsForTheComputeStream) {
     blocks.front().reshard();
   }
   destroy_process_group();
-  std::string joined;
-  for (const auto& line : log) joined += line + "\n";
+  const std::string joined = join_lines(log);
   const auto enter = std::find(log.begin(), log.end(), "enter all_gather_copy_in");
   ASSERT_NE(enter, log.end()) << joined;
   EXPECT_NE(std::find(log.begin(), enter, "wait all_gather_copy_in<-compute"), enter) << joined;

@@ -290,10 +290,9 @@ TEST(FSDPRuntimeControls, ReshardAfterBackwardFalseSavesForwardAllGathersAtWorld
 //  - set_requires_all_reduce(false) (HSDP, FSDP_HSDP_SHARD ranks per replica): the first
 //    backward issues no replica all-reduce and leaves no gradient on the parameters; the
 //    second all-reduces the sum once per group, and the gradients are the default's.
-//  - set_is_last_backward(false) (set on a block, which sets the root's): the first backward
-//  returns with the last reduce-scatter
-//    still in flight (some parameter has no gradient yet); after the second, with it true,
-//    the gradients are bitwise the default's.
+//  - set_is_last_backward(false) (set on a block, which sets the root's): the first
+//    backward returns with the last reduce-scatter still in flight (some parameter has no
+//    gradient yet); after the second, with it true, the gradients are bitwise the default's.
 TDIST_SCENARIO(fsdp_accumulation_controls) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const int world = get_world_size(), rank = get_rank();

@@ -20,6 +20,13 @@ inline void* optimizer_state_key(const at::Tensor& param) {
   return param.unsafeGetTensorImpl();
 }
 
+/// The state of `device`'s default generator (the CPU's, or an accelerator's: a CPU byte
+/// tensor either way), read under the generator's lock; through the device-generic
+/// at::Context::defaultGenerator, so this code needs no CUDA headers.
+at::Tensor generator_state(const c10::Device& device);
+/// Sets `device`'s default generator to `state` (what generator_state returned).
+void set_generator_state(const c10::Device& device, const at::Tensor& state);
+
 /// Turns autocast for `device` (kCPU, kCUDA) on (to `dtype`) or off, returning whether it
 /// was on; the device-type API of 2.4+ (before it: set_cpu_enabled / set_autocast_cpu_dtype).
 inline bool set_autocast(at::DeviceType device, bool enabled, at::ScalarType dtype) {
