@@ -128,6 +128,16 @@ def run_rank(rank, world, init_file, action, kind, out):
         dist.destroy_process_group()
 
 
+def run_spawned_rank(rank, world, init_file, action, kind, out):
+    run_rank(rank, world, init_file, action, kind, out)
+    # As bench/train/gpt_torch.py: PyTorch 2.11's Gloo threads sometimes abort the
+    # interpreter's teardown ("terminate called without an active exception") after the rank
+    # has finished and checked everything; a failed check raised above and never gets here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main():
     command, kind, out, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     action = {"save": save, "load": load}[command]
@@ -135,7 +145,7 @@ def main():
     if world == 1:
         run_rank(0, 1, init_file, action, kind, out)
     else:
-        mp.spawn(run_rank, args=(world, init_file, action, kind, out), nprocs=world)
+        mp.spawn(run_spawned_rank, args=(world, init_file, action, kind, out), nprocs=world)
     print("OK", command, kind, world)
 
 
