@@ -83,7 +83,9 @@ if(NOT TARGET tdist_torch)
   # internals), and whatever comes first in the link line serves every program-wide lookup:
   # std::filesystem::remove_all from that copy jumps to address 0. Naming libstdc++ first
   # puts it ahead of LibTorch in the dynamic linker's search order.
-  target_link_libraries(tdist_torch INTERFACE $<BUILD_INTERFACE:stdc++ ${TORCH_LIBRARIES}>)
-  target_include_directories(tdist_torch SYSTEM INTERFACE $<BUILD_INTERFACE:${TORCH_INCLUDE_DIRS}>)
-  target_compile_options(tdist_torch INTERFACE $<BUILD_INTERFACE:${_torch_flags}>)
+  # Each generator expression is quoted: unquoted, a list inside $<BUILD_INTERFACE:...> is cut
+  # at its semicolons and the export receives the source directory as an include path.
+  target_link_libraries(tdist_torch INTERFACE "$<BUILD_INTERFACE:stdc++;${TORCH_LIBRARIES}>")
+  target_include_directories(tdist_torch SYSTEM INTERFACE "$<BUILD_INTERFACE:${TORCH_INCLUDE_DIRS}>")
+  target_compile_options(tdist_torch INTERFACE "$<BUILD_INTERFACE:${_torch_flags}>")
 endif()

@@ -27,5 +27,8 @@
 #include "tdist/fsdp/fully_sharded_data_parallel.h"
 #include "tdist/fsdp/join.h"
 #include "tdist/fsdp/state_dict.h"
+#include "tdist/fsdp/trace.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
+#include "tdist/checkpoint/module_state.h"
+#include "tdist/checkpoint/sharded_safetensors.h"
