@@ -63,6 +63,7 @@ void Exchange::rethrow(int peer, bool is_send) {
                                     "group is now broken: " +
                                     e.what());
     }
+    // tdistrun reads "lost the connection to rank N" (Note [Blaming the lost peer]).
     TDIST_THROW(NetworkError, what + ": lost the connection to " + peer_name(peer) +
                                   " (the peer died or closed the group); the group is now "
                                   "broken: " +

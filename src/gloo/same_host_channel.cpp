@@ -111,6 +111,8 @@ bool reached(uint32_t flag, uint32_t number) {
   return static_cast<int32_t>(flag - number) >= 0;
 }
 
+// tdistrun reads "waiting for rank N ...: lost the connection to it" (Note [Blaming the lost
+// peer] in src/launch/failure_cause.h).
 [[noreturn]] void raise_lost_peer(const std::string& what, const std::exception_ptr& error) {
   const std::string why = message_of(error, "connection failed");
   TDIST_THROW(NetworkError, what +

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <set>
 
+#include "failure_cause.h"
 #include "mpirun_launch.h"
 #include "process_util.h"
 #include "tdist/util/openblas_core.h"
@@ -176,6 +178,40 @@ std::string ElasticAgent::describe_failure(const RendezvousInfo& info,
   return text;
 }
 
+// Note [Blaming the lost peer] (failure_cause.h): a failed worker that only lost its
+// connection to rank N is not the cause while N is still on its way out. Waits up to
+// kCauseWait for a local N to exit (then N is the cause, and its own words are read in
+// turn), or for a remote N's node to report first (its report wins the rendezvous).
+const WorkerStatus& ElasticAgent::find_cause(WorkerGroup& group, const RendezvousInfo& info) {
+  const auto& statuses = group.statuses();
+  const WorkerStatus* cause = group.first_failure();
+  std::set<int> blamed = {cause->rank};
+  const auto deadline = Clock::now() + kCauseWait;
+  auto reported_elsewhere = [&] {
+    try {
+      return rendezvous_.failure_reported(info.round);
+    } catch (const std::exception&) {
+      return true;  // the store is gone: no report is coming
+    }
+  };
+  while (auto peer = detail::lost_peer_named_in(cause->tail)) {
+    if (!blamed.insert(*peer).second) break;  // ranks that lost each other: keep the first
+    const int local = *peer - info.rank_offset;
+    const bool on_this_node = local >= 0 && local < static_cast<int>(statuses.size());
+    while (Clock::now() < deadline) {
+      if (on_this_node && statuses[local].state != WorkerStatus::State::kRunning) break;
+      if (!on_this_node && reported_elsewhere()) break;
+      group.pump(milliseconds(10));
+    }
+    if (!on_this_node || statuses[local].state != WorkerStatus::State::kFailed) break;
+    cause = &statuses[local];
+    // Its last words, for the summary and the next link.
+    const auto until = Clock::now() + milliseconds(100);
+    while (Clock::now() < until) group.pump(milliseconds(10));
+  }
+  return *cause;
+}
+
 ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
                                               const std::string& program) {
   auto& signals = detail::SignalPipe::instance();
@@ -223,7 +259,7 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
       while (Clock::now() < until) group.pump(milliseconds(10));
       std::string summary;
       if (mpirun_dir.empty()) {
-        summary = describe_failure(info, *group.first_failure());
+        summary = describe_failure(info, find_cause(group, info));
       } else if (auto recorded = detail::first_recorded_failure(mpirun_dir)) {
         summary = describe_failure(info, *recorded);
       } else {

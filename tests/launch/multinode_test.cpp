@@ -132,6 +132,24 @@ TEST(TdistrunMultiNode, FinalFailureIsReportedOnEveryNode) {
   }
 }
 
+// Note [Blaming the lost peer] across nodes: every other rank aborts at once after losing
+// rank 2, which fails 0.6 s later on node 1; node 0 waits for node 1's report of it.
+TEST(TdistrunMultiNode, TheRankOthersLostIsNamedOnEveryNode) {
+  int port = free_tcp_port();
+  std::vector<std::string> worker_args = {"--fail-rank",  "2",   "--exit",   "9",
+                                          "--fail-delay", "0.6", "--stderr", "remote trouble",
+                                          "--cascade"};
+  Proc b(node(static_node(1, port), worker_args));
+  Proc a(node(static_node(0, port), worker_args));
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  for (const auto* r : {&ra, &rb}) {
+    EXPECT_EQ(r->exit_code, 1) << describe(*r);
+    EXPECT_NE(r->err.find("first failure: rank 2"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("exited with code 9"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("[rank 2]: remote trouble"), std::string::npos) << r->err;
+  }
+}
+
 TEST(TdistrunMultiNode, SignalToOneLauncherStopsEveryNodeWithoutRestart) {
   int port = free_tcp_port();
   std::string dir = temp_dir();

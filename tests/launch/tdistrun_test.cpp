@@ -199,6 +199,35 @@ TEST(Tdistrun, FailureStopsOthersAndSummarisesTheFirstFailure) {
   EXPECT_EQ(lines_with(r.out, "[rank 2]: rank 2 got SIGTERM").size(), 1u) << r.out;
 }
 
+// Note [Blaming the lost peer]: rank 1 fails but takes 0.6 s to exit, while ranks 0 and 2,
+// which lost their connections to it, abort at once and are reaped first.
+TEST(Tdistrun, TheRankOthersLostIsNamedAsTheFirstFailure) {
+  auto r = run(with_worker({"--nproc-per-node", "3"},
+                           {"--fail-rank", "1", "--exit", "3", "--fail-delay", "0.6", "--stderr",
+                            "boom: the disk is on fire", "--cascade"}));
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_NE(r.err.find("first failure: rank 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[rank 1]: boom: the disk is on fire"), std::string::npos) << r.err;
+}
+
+// A rank named as lost that stays alive is not the cause: after the wait, the first failure
+// is named and the live rank stopped.
+TEST(Tdistrun, ALostRankThatStaysAliveIsNotBlamed) {
+  auto r =
+      run(with_worker({"--nproc-per-node", "2"},
+                      {"--fail-rank", "0", "--exit", "4", "--stderr",
+                       "rank 0: gloo broadcast #3 (receiving from rank 1): lost the connection "
+                       "to rank 1 (the peer died or closed the group)",
+                       "--on-term", "--sleep", "60"}),
+          {}, seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_NE(r.err.find("first failure: rank 0"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 4"), std::string::npos) << r.err;
+  EXPECT_EQ(lines_with(r.out, "[rank 1]: rank 1 got SIGTERM").size(), 1u) << r.out;
+}
+
 TEST(Tdistrun, SignalDeathIsNamedAndSigtermIgnorersAreKilled) {
   auto argv = launcher({"--nproc-per-node", "2"});
   argv[4] = "0.3";  // --stop-timeout

@@ -12,6 +12,8 @@
 //   --spawn-child            fork a grandchild that sleeps (orphan test)
 //   --on-term                on SIGTERM print "rank R got SIGTERM" and exit 143
 //   --ignore-term            ignore SIGTERM (forces the launcher's SIGKILL)
+//   --cascade                the other ranks print tdist's "lost the connection to rank R"
+//                            for the failing rank R and abort at once (its slow exit's peers)
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -43,7 +45,7 @@ void sleep_seconds(double s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool print_env = false, spawn_child = false;
+  bool print_env = false, spawn_child = false, cascade = false;
   int lines = 0, fail_rank = -1, exit_code = 0, sig = 0, fail_until = -1;
   double fail_delay = 0, sleep_s = 0;
   std::string stderr_text, pid_dir;
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
       signal(SIGTERM, on_term);
     else if (a == "--ignore-term")
       signal(SIGTERM, SIG_IGN);
+    else if (a == "--cascade")
+      cascade = true;
     else {
       fprintf(stderr, "test_worker: unknown option %s\n", a.c_str());
       return 64;
@@ -132,6 +136,14 @@ int main(int argc, char** argv) {
     fflush(stderr);
     if (sig != 0) raise(sig);
     return exit_code;
+  }
+  if (cascade && fail_rank >= 0) {
+    fprintf(stderr,
+            "rank %d: gloo all_reduce #1 (receiving from rank %d): lost the connection to rank "
+            "%d (the peer died or closed the group); the group is now broken\n",
+            g_rank, fail_rank, fail_rank);
+    fflush(stderr);
+    abort();
   }
   sleep_seconds(sleep_s);
   printf("rank %d done\n", g_rank);

@@ -4,6 +4,7 @@
 // the environment contract, forwards their output, and on a failure anywhere stops them
 // and restarts the round, up to --max-restarts.
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,7 +32,11 @@ class ElasticAgent {
 
  private:
   enum class Outcome { kSucceeded, kFailed, kInterrupted };
+  /// How long a failure that names a lost peer waits for that peer's own failure.
+  static constexpr std::chrono::milliseconds kCauseWait{2000};
   Outcome run_round(const RendezvousInfo& info, const std::string& program);
+  /// The worker to name as the round's first failure (Note [Blaming the lost peer]).
+  const WorkerStatus& find_cause(WorkerGroup& group, const RendezvousInfo& info);
   std::string describe_failure(const RendezvousInfo& info, const WorkerStatus& failed) const;
   void write_secret_file(const std::string& secret);
   /// Leaves the rendezvous; errors (node 0 already gone) are only reported.
