@@ -28,6 +28,13 @@ void note(const std::string& message) {
   std::string line = "tdistrun: " + message + "\n";
   write_all(2, line.data(), line.size());
 }
+
+// Keeps forwarding output for a moment, so that a worker that just exited has its last lines
+// read before it is summarised.
+void collect_last_words(WorkerGroup& group) {
+  const auto until = Clock::now() + milliseconds(100);
+  while (Clock::now() < until) group.pump(milliseconds(10));
+}
 }  // namespace
 
 ElasticAgent::ElasticAgent(LaunchConfig config, Rendezvous& rendezvous)
@@ -205,9 +212,7 @@ const WorkerStatus& ElasticAgent::find_cause(WorkerGroup& group, const Rendezvou
     }
     if (!on_this_node || statuses[local].state != WorkerStatus::State::kFailed) break;
     cause = &statuses[local];
-    // Its last words, for the summary and the next link.
-    const auto until = Clock::now() + milliseconds(100);
-    while (Clock::now() < until) group.pump(milliseconds(10));
+    collect_last_words(group);  // for the summary and the next link
   }
   return *cause;
 }
@@ -254,9 +259,7 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
       return Outcome::kInterrupted;
     }
     if (group.first_failure() != nullptr) {
-      // Collect the last words of the failed worker before it is summarised.
-      auto until = Clock::now() + milliseconds(100);
-      while (Clock::now() < until) group.pump(milliseconds(10));
+      collect_last_words(group);
       std::string summary;
       if (mpirun_dir.empty()) {
         summary = describe_failure(info, find_cause(group, info));
