@@ -1,5 +1,8 @@
 #include "checkpoint/agreement.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "tdist/error.h"
 
 namespace tdist::checkpoint::detail {
@@ -26,16 +29,41 @@ std::vector<Report> exchange(Coordinator& coordinator, const Report& mine,
   return out;
 }
 
+namespace {
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
 std::string describe_failures(const std::vector<Report>& reports) {
-  std::string ranks, details;
+  // Ranks failing with the same message (a path none of them can read, the same bad
+  // argument) are named once with it, so the message stays readable at any world size.
+  std::vector<int> failed;
+  std::vector<std::pair<std::string, std::vector<int>>> ranks_by_error;
   for (size_t r = 0; r < reports.size(); ++r) {
     if (reports[r].ok) continue;
-    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    details += (details.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-               reports[r].error;
+    failed.push_back(static_cast<int>(r));
+    auto same = std::find_if(ranks_by_error.begin(), ranks_by_error.end(),
+                             [&](const auto& e) { return e.first == reports[r].error; });
+    if (same == ranks_by_error.end()) {
+      ranks_by_error.push_back({reports[r].error, {static_cast<int>(r)}});
+    } else {
+      same->second.push_back(static_cast<int>(r));
+    }
   }
-  if (ranks.empty()) return "";
-  return "rank(s) " + ranks + " failed: " + details;
+  if (failed.empty()) return "";
+  std::string out = "rank(s) " + join_ranks(failed) + " failed: ";
+  if (ranks_by_error.size() == 1) return out + ranks_by_error.front().first;
+  for (size_t i = 0; i < ranks_by_error.size(); ++i) {
+    const auto& [error, ranks] = ranks_by_error[i];
+    out += (i == 0 ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") +
+           join_ranks(ranks) + ": " + error;
+  }
+  return out;
 }
 
 }  // namespace tdist::checkpoint::detail

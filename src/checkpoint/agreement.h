@@ -23,7 +23,8 @@ struct Report {
 std::vector<Report> exchange(Coordinator& coordinator, const Report& mine,
                              const std::string& operation);
 
-/// "" when every report is ok, else "rank(s) 1, 3 failed: rank 1: ...; rank 3: ...".
+/// "" when every report is ok; else "rank(s) 1, 3 failed: <error>" when they failed alike,
+/// "rank(s) 1, 2, 3 failed: rank 1: <error>; ranks 2, 3: <other error>" when not.
 std::string describe_failures(const std::vector<Report>& reports);
 
 }  // namespace tdist::checkpoint::detail

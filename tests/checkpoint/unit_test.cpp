@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/agreement.h"
 #include "checkpoint/box.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/fault.h"
@@ -172,6 +173,24 @@ TEST(Fault, ParsesEnvironmentSpec) {
       CheckpointError);
   EXPECT_NO_THROW(
       detail::maybe_inject(FaultInjection{1, SavePhase::kPlan, false}, 0, SavePhase::kPlan));
+}
+
+TEST(DescribeFailures, NothingWhenEveryRankSucceeded) {
+  EXPECT_EQ(detail::describe_failures({{}, {}, {}}), "");
+}
+
+TEST(DescribeFailures, RanksFailingAlikeShareOneMessage) {
+  const std::string missing = "no 'metadata.json' in '/ckpt/x'";
+  const std::vector<detail::Report> reports = {
+      {false, missing}, {true, ""}, {false, missing}, {false, missing}};
+  EXPECT_EQ(detail::describe_failures(reports), "rank(s) 0, 2, 3 failed: " + missing);
+}
+
+TEST(DescribeFailures, DifferentErrorsAreEachNamedWithTheirRanks) {
+  const std::vector<detail::Report> reports = {
+      {true, ""}, {false, "disk full"}, {false, "permission denied"}, {false, "disk full"}};
+  EXPECT_EQ(detail::describe_failures(reports),
+            "rank(s) 1, 2, 3 failed: ranks 1, 3: disk full; rank 2: permission denied");
 }
 
 }  // namespace
