@@ -8,7 +8,7 @@
 #include "ddp/reducer.h"
 #include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
-#include "tdist/comm/object_collectives.h"
+#include "tdist/comm/rank_agreement.h"
 #include "tdist/ddp/bucketing.h"
 #include "tdist/error.h"
 
@@ -17,13 +17,6 @@ namespace tdist::ddp {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 }  // namespace
 
@@ -84,35 +77,21 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::verify_parameters_across_ranks() const {
-  std::ostringstream sig;
+  std::vector<std::string> lines;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    sig << item.key() << " " << item.value().sizes() << " " << item.value().scalar_type()
-        << (item.value().requires_grad() ? "" : " (frozen)") << "\n";
+    std::ostringstream line;
+    line << item.key() << " " << item.value().sizes() << " " << item.value().scalar_type()
+         << (item.value().requires_grad() ? "" : " (frozen)");
+    lines.push_back(line.str());
   }
-  std::vector<Object> gathered;
-  all_gather_object(gathered, Object(sig.str()), group_);
-  std::vector<std::string> all;
-  for (const auto& o : gathered) all.push_back(o.as_string());
-  const auto differs =
-      std::find_if(all.begin(), all.end(), [&](const std::string& s) { return s != all[0]; });
-  if (differs == all.end()) return;
-  const int bad = static_cast<int>(differs - all.begin());
-  const auto ref = split_lines(all[0]);
-  const auto other = split_lines(all[bad]);
-  std::string detail;
-  for (size_t i = 0; i < std::max(ref.size(), other.size()); ++i) {
-    const std::string a = i < ref.size() ? ref[i] : "(none)";
-    const std::string b = i < other.size() ? other[i] : "(none)";
-    if (a != b) {
-      detail = "parameter #" + std::to_string(i) + " is '" + b + "' on rank " +
-               std::to_string(group_->global_rank(bad)) + " but '" + a + "' on rank " +
-               std::to_string(group_->global_rank(0));
-      break;
-    }
-  }
+  const auto d = find_disagreement(lines, group_);
+  if (!d) return;
   TDIST_THROW(InvalidArgument,
               "rank " + std::to_string(get_rank()) +
-                  ": DistributedDataParallel: the model differs across ranks: " + detail +
+                  ": DistributedDataParallel: the model differs across ranks: parameter #" +
+                  std::to_string(d->line) + " is '" + d->value + "' on rank " +
+                  std::to_string(d->rank) + " but '" + d->reference_value + "' on rank " +
+                  std::to_string(d->reference_rank) +
                   "; every rank must construct the same model (same parameter names, shapes "
                   "and dtypes, in the same order)");
 }

@@ -10,6 +10,7 @@
 
 #include "fsdp/fsdp_state.h"
 #include "fsdp/group_builder.h"
+#include "fsdp/model_agreement.h"
 #include "fsdp/registry.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -268,6 +269,11 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
                                           " is not a member of the group to shard over");
   const int k = checked_reshard_group_size(options, group->size(), group->rank());
   ManagedParams managed = collect_managed(modules, options);
+  if (!managed.params.empty()) {  // Note [Same model on every rank]
+    detail::verify_same_call_on_every_rank(
+        detail::describe_fully_shard_call(modules.front()->name(), managed.params, options),
+        {groups.shard, groups.replicate});
+  }
   const bool deferred = built_on_meta(managed.params);
   detail::GroupPlan plan{std::move(managed.params), group, group_config(options, groups, k),
                          param_policy(options)};

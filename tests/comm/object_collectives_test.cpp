@@ -1,9 +1,11 @@
 // broadcast_object_list, all_gather_object, gather_object and scatter_object_list with
-// rank-dependent (uneven) payloads at world sizes 1-4, on the world and on a subgroup.
+// rank-dependent (uneven) payloads, and find_disagreement, at world sizes 1-4, on the world
+// and on a subgroup.
 #include <torch/torch.h>
 
 #include "comm/comm_test_util.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/comm/rank_agreement.h"
 
 namespace tdist {
 namespace {
@@ -53,9 +55,41 @@ void check_object_collectives(const ProcessGroupPtr& group) {
   EXPECT_TRUE(out[0] == payload(rank));
 }
 
+// Every rank gets the same answer: the lowest differing rank, its first differing line.
+void check_find_disagreement(const ProcessGroupPtr& group) {
+  const int rank = get_rank(group), n = get_world_size(group);
+  auto global = [&](int r) { return get_global_rank(group ? group : group_world(), r); };
+  const std::vector<std::string> same{"a", "b"};
+  EXPECT_FALSE(find_disagreement(same, group).has_value());
+
+  std::vector<std::string> longer = same;
+  if (rank == n - 1) longer.push_back("extra");
+  auto d = find_disagreement(longer, group);
+  ASSERT_EQ(d.has_value(), n > 1);
+  if (d) {
+    EXPECT_EQ(d->rank, global(n - 1));
+    EXPECT_EQ(d->reference_rank, global(0));
+    EXPECT_EQ(d->line, 2u);
+    EXPECT_EQ(d->value, "extra");
+    EXPECT_EQ(d->reference_value, "(none)");
+  }
+
+  std::vector<std::string> changed = same;
+  if (rank > 0) changed[1] = "b" + std::to_string(rank);
+  d = find_disagreement(changed, group);
+  ASSERT_EQ(d.has_value(), n > 1);
+  if (d) {
+    EXPECT_EQ(d->rank, global(1));
+    EXPECT_EQ(d->line, 1u);
+    EXPECT_EQ(d->value, "b1");
+    EXPECT_EQ(d->reference_value, "b");
+  }
+}
+
 TDIST_SCENARIO(comm_object_collectives) {
   init_process_group(test_init_options());
   check_on_world_and_a_subgroup(check_object_collectives);
+  check_on_world_and_a_subgroup(check_find_disagreement);
   destroy_process_group();
 }
 

@@ -1,6 +1,7 @@
 // End-to-end parity: FSDP training at world 1-4 against single-process training on the
 // concatenated batches, every step, with AdamW; full shard, reshard_after_forward false and
-// integer, uneven shapes, gradient accumulation; and the bypass error.
+// integer, uneven shapes, gradient accumulation; the bypass error, and models that differ
+// across ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/mesh/device_mesh.h"
 
 namespace tdist::fsdp {
 namespace {
@@ -250,6 +252,57 @@ TDIST_SCENARIO(fsdp_bypass) {
 TEST(FSDPBypass, Raises) {
   for (int world : {1, 2}) {
     tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("fsdp_bypass", world));
+  }
+}
+
+// Note [Same model on every rank]: the last rank builds a different model or passes other
+// options; the fully_shard call where they first differ raises InvalidArgument on every rank,
+// naming that rank and what differs, before any collective of FSDP's own (TDIST_DIFFER:
+// hidden = a wider MLP, blocks = one more block, dtype = another param_dtype, hsdp = a wider
+// MLP under a (world, 1) mesh, where only the replicas compare).
+TDIST_SCENARIO(fsdp_models_differ) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int rank = get_rank(), last = get_world_size() - 1;
+  const std::string differ = tdist::testing::env_str("TDIST_DIFFER");
+  TinyConfig c = testing::uneven_tiny_config();
+  FullyShardOptions options;
+  if (differ == "hsdp") {
+    options.mesh(mesh::init_device_mesh("cpu", {get_world_size(), 1}, {"replicate", "shard"}));
+  }
+  if (rank == last) {
+    if (differ == "hidden" || differ == "hsdp") c.hidden += 2;
+    if (differ == "blocks") c.blocks += 1;
+    if (differ == "dtype") options.mp_policy(MixedPrecisionPolicy().param_dtype(torch::kBFloat16));
+  }
+  const std::string expected = differ == "blocks"  ? "has module "
+                               : differ == "dtype" ? "options param_dtype=BFloat16"
+                                                   : "parameter 'fc1.weight' [23, 15] Float";
+  TinyTransformer model = testing::make_tiny(c);
+  try {
+    for (auto& block : model->blocks) fully_shard(block, options);
+    fully_shard(model, options);
+    ADD_FAILURE() << "rank " << rank << ": no error for models that differ (" << differ << ")";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the ranks built different models"), std::string::npos) << what;
+    EXPECT_NE(
+        what.find("rank " + std::to_string(last) + " has " + (differ == "blocks" ? "" : expected)),
+        std::string::npos)
+        << what;
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPModelsDiffer, EveryRankRaisesNamingTheRankAndParameter) {
+  for (const char* differ : {"hidden", "blocks", "dtype", "hsdp"}) {
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(std::string(differ) + " at world " + std::to_string(world));
+      tdist::testing::ProcessOptions options;
+      options.env = {{"TDIST_DIFFER", differ}};
+      tdist::testing::expect_all_ok(
+          tdist::testing::run_ranks_as_processes("fsdp_models_differ", world, options));
+    }
   }
 }
 
