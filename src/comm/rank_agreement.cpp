@@ -41,8 +41,8 @@ std::optional<Disagreement> find_disagreement(const std::vector<std::string>& li
   d.rank = pg->global_rank(static_cast<int>(differs - gathered.begin()));
   d.reference_rank = pg->global_rank(0);
   while (d.line < ref.size() && d.line < other.size() && ref[d.line] == other[d.line]) ++d.line;
-  d.value = d.line < other.size() ? other[d.line] : "(none)";
-  d.reference_value = d.line < ref.size() ? ref[d.line] : "(none)";
+  if (d.line < other.size()) d.value = other[d.line];
+  if (d.line < ref.size()) d.reference_value = ref[d.line];
   return d;
 }
 

@@ -1,6 +1,5 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 
-#include <algorithm>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -89,9 +88,9 @@ void DistributedDataParallel::verify_parameters_across_ranks() const {
   TDIST_THROW(InvalidArgument,
               "rank " + std::to_string(get_rank()) +
                   ": DistributedDataParallel: the model differs across ranks: parameter #" +
-                  std::to_string(d->line) + " is '" + d->value + "' on rank " +
-                  std::to_string(d->rank) + " but '" + d->reference_value + "' on rank " +
-                  std::to_string(d->reference_rank) +
+                  std::to_string(d->line) + " is '" + d->value.value_or("(none)") + "' on rank " +
+                  std::to_string(d->rank) + " but '" + d->reference_value.value_or("(none)") +
+                  "' on rank " + std::to_string(d->reference_rank) +
                   "; every rank must construct the same model (same parameter names, shapes "
                   "and dtypes, in the same order)");
 }

@@ -1,5 +1,6 @@
 #include "fsdp/model_agreement.h"
 
+#include <optional>
 #include <sstream>
 
 #include "fsdp/environment.h"
@@ -50,9 +51,9 @@ void verify_same_call_on_every_rank(const std::vector<std::string>& description,
     if (!group) continue;
     const auto d = find_disagreement(description, group);
     if (!d) continue;
-    auto holds = [&](int rank, const std::string& line) {
+    auto holds = [&](int rank, const std::optional<std::string>& line) {
       return "rank " + std::to_string(rank) + " has " +
-             (line == "(none)" ? "nothing at line #" + std::to_string(d->line) : line);
+             line.value_or("nothing at line #" + std::to_string(d->line));
     };
     TDIST_THROW(
         InvalidArgument,

@@ -5,10 +5,10 @@
 // differently, a layer added on one rank) or passed different options would issue
 // collectives that do not match: Gloo reports that late, as a mismatch of anonymous
 // collectives, and NCCL may hang or corrupt the parameters. So each fully_shard call that
-// manages parameters first compares, over the group it shards over and (HSDP) the group it replicates over, the
-// module's type, every parameter it manages (name, shape, dtype, whether it trains) and the
-// options that decide its collectives, and raises on every rank naming the first difference
-// and the ranks, before any collective of its own. One small all-gather per group and call,
+// manages parameters first compares, over the group it shards over and (HSDP) the group it
+// replicates over, the module's type, every parameter it manages (name, shape, dtype, whether
+// it trains) and the options that decide its collectives, and raises on every rank naming
+// the first difference and the ranks, before any collective of its own. One small all-gather per group and call,
 // as DDP's construction does for the whole model. A call without parameters communicates
 // nothing, now or later, so it compares nothing either (and stays local: a rank may shard
 // a parameterless module while a peer is still busy in the previous step's collectives).

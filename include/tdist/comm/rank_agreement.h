@@ -18,8 +18,9 @@ struct Disagreement {
   int rank = 0;            // global rank that differs (the lowest such)
   int reference_rank = 0;  // global rank of the group's first rank
   size_t line = 0;         // index of the first differing line
-  std::string value;       // that rank's line ("(none)" when its description is shorter)
-  std::string reference_value;
+  // The two ranks' lines there; nullopt for a description that ends before it.
+  std::optional<std::string> value;
+  std::optional<std::string> reference_value;
 };
 
 /// Collective over `group` (null: the world): all-gathers every rank's `lines` and returns,
