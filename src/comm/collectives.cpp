@@ -33,7 +33,8 @@ struct Call {
   void check_defined(const at::Tensor& t, const std::string& what) const {
     if (!t.defined()) TDIST_THROW(InvalidArgument, where() + ": " + what + " is undefined");
   }
-  /// Tensors the collective writes must be contiguous: a copy would not reach the caller.
+  /// Tensors the collective writes must be contiguous and need no lazy conjugation: a copy
+  /// would not reach the caller.
   void check_output(const at::Tensor& t, const std::string& what) const {
     check_defined(t, what);
     if (!t.is_contiguous()) {
@@ -41,11 +42,26 @@ struct Call {
                                        " is not contiguous; pass a contiguous tensor "
                                        "(e.g. t.contiguous()) and copy the result back");
     }
+    if (t.is_conj()) {
+      TDIST_THROW(InvalidArgument, where() + ": " + what +
+                                       " is a lazily conjugated view (t.conj()); pass "
+                                       "t.resolve_conj() and copy the result back");
+    }
   }
-  /// Read-only tensors are made contiguous silently.
+  /// Read-only tensors are made contiguous (and lazy conjugates resolved) silently.
   at::Tensor input(const at::Tensor& t, const std::string& what) const {
     check_defined(t, what);
-    return t.is_contiguous() ? t : t.contiguous();
+    return (t.is_contiguous() ? t : t.contiguous()).resolve_conj();
+  }
+  /// See Note [Complex tensors].
+  void check_reduce_op(const at::Tensor& t, ReduceOp op) const {
+    if (t.is_complex() && op != ReduceOp::SUM && op != ReduceOp::AVG) {
+      TDIST_THROW(InvalidArgument, where() + ": " + to_string(op) +
+                                       " is not defined on complex numbers (dtype " +
+                                       std::string(c10::toString(t.scalar_type())) +
+                                       "); use SUM or AVG, or reduce a real tensor such "
+                                       "as t.abs() or at::view_as_real(t)");
+    }
   }
   void check_like(const at::Tensor& t, const at::Tensor& ref, const std::string& what,
                   bool same_numel) const {
@@ -129,6 +145,25 @@ int reduce_code(ReduceOp op) {
   return static_cast<int>(op);
 }
 
+// Note [Complex tensors]: as in torch.distributed, a complex tensor travels as its real view
+// (at::view_as_real: the same memory as [..., 2] of the real dtype), so every backend carries
+// it without knowing complex dtypes. The sum and the average of complex numbers are those of
+// their real and imaginary parts; MIN, MAX, PRODUCT and the bitwise ops are not, so they are
+// refused (Call::check_reduce_op) rather than computed part by part. torch.distributed views
+// complex tensors as real in most collectives but not in reduce, gather or reduce-scatter,
+// which then fail in the backend; here every collective takes them. The cross-rank check and
+// the flight recorder see the caller's complex tensors; only the backend sees the views.
+at::Tensor real_view(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t) : t;
+}
+
+std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> views;
+  views.reserve(tensors.size());
+  for (const auto& t : tensors) views.push_back(real_view(t));
+  return views;
+}
+
 }  // namespace
 
 WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, bool async_op) {
@@ -138,7 +173,7 @@ WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& grou
   auto opts = c.options<BroadcastOptions>();
   opts.root = c.group_rank_of(src, "src");
   c.debug(tensor, true, opts.root);
-  at::Tensor t = tensor;
+  at::Tensor t = real_view(tensor);
   return c.finish(c.pg->backend_for(t).broadcast(t, opts), async_op);
 }
 
@@ -147,10 +182,11 @@ WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroupPtr&
   Call c(group, "all_reduce");
   if (c.skip()) return completed_work(c.op);
   c.check_output(tensor, "tensor");
+  c.check_reduce_op(tensor, op);
   auto opts = c.options<AllreduceOptions>();
   opts.op = op;
   c.debug(tensor, true, -1, reduce_code(op));
-  at::Tensor t = tensor;
+  at::Tensor t = real_view(tensor);
   return c.finish(c.pg->backend_for(t).all_reduce(t, opts), async_op);
 }
 
@@ -163,6 +199,7 @@ WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op
     c.check_output(tensors[i], "tensors[" + std::to_string(i) + "]");
     c.check_like(tensors[i], tensors[0], "tensors[" + std::to_string(i) + "]", false);
   }
+  c.check_reduce_op(tensors[0], op);
   auto opts = c.options<AllreduceOptions>();
   opts.op = op;
   {
@@ -172,7 +209,7 @@ WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op
     for (const auto& t : tensors) sig.shape.push_back(t.numel());
     c.debug_signature(sig, tensors);
   }
-  std::vector<at::Tensor> list = tensors;
+  std::vector<at::Tensor> list = real_views(tensors);
   return c.finish(c.pg->backend_for(list[0]).all_reduce_coalesced(list, opts), async_op);
 }
 
@@ -184,8 +221,9 @@ WorkPtr reduce(const at::Tensor& tensor, int dst, ReduceOp op, const ProcessGrou
   auto opts = c.options<ReduceOptions>();
   opts.op = op;
   opts.root = c.group_rank_of(dst, "dst");
+  c.check_reduce_op(tensor, op);
   c.debug(tensor, true, opts.root, reduce_code(op));
-  at::Tensor t = tensor;
+  at::Tensor t = real_view(tensor);
   return c.finish(c.pg->backend_for(t).reduce(t, opts), async_op);
 }
 
@@ -201,8 +239,10 @@ WorkPtr all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tenso
     c.check_like(tensor_list[i], in, what, true);
   }
   c.debug(in);
-  return c.finish(c.pg->backend_for(in).all_gather(tensor_list, in, c.options<AllgatherOptions>()),
-                  async_op);
+  std::vector<at::Tensor> outputs = real_views(tensor_list);
+  const at::Tensor input = real_view(in);
+  return c.finish(
+      c.pg->backend_for(input).all_gather(outputs, input, c.options<AllgatherOptions>()), async_op);
 }
 
 WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor& input_tensor,
@@ -219,9 +259,10 @@ WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor
                     ") x input (" + std::to_string(in.numel()) + ")");
   }
   c.debug(in);
-  at::Tensor out = output_tensor;
+  at::Tensor out = real_view(output_tensor);
+  const at::Tensor input = real_view(in);
   return c.finish(
-      c.pg->backend_for(in).all_gather_into_tensor(out, in, c.options<AllgatherOptions>()),
+      c.pg->backend_for(input).all_gather_into_tensor(out, input, c.options<AllgatherOptions>()),
       async_op);
 }
 
@@ -268,7 +309,9 @@ WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, in
                                      std::to_string(dst));
   }
   c.debug(in, true, opts.root);
-  return c.finish(c.pg->backend_for(in).gather(gather_list, in, opts), async_op);
+  std::vector<at::Tensor> outputs = real_views(gather_list);
+  const at::Tensor input = real_view(in);
+  return c.finish(c.pg->backend_for(input).gather(outputs, input, opts), async_op);
 }
 
 WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, int src,
@@ -292,8 +335,8 @@ WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, 
                                      std::to_string(src));
   }
   c.debug(tensor, true, opts.root);
-  at::Tensor out = tensor;
-  return c.finish(c.pg->backend_for(out).scatter(out, scatter_list, opts), async_op);
+  at::Tensor out = real_view(tensor);
+  return c.finish(c.pg->backend_for(out).scatter(out, real_views(scatter_list), opts), async_op);
 }
 
 WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list,
@@ -308,11 +351,12 @@ WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& 
     inputs.push_back(c.input(input_list[i], what));
     c.check_like(inputs.back(), output, what, true);
   }
+  c.check_reduce_op(output, op);
   auto opts = c.options<ReduceScatterOptions>();
   opts.op = op;
   c.debug(output, true, -1, reduce_code(op));
-  at::Tensor out = output;
-  return c.finish(c.pg->backend_for(out).reduce_scatter(out, inputs, opts), async_op);
+  at::Tensor out = real_view(output);
+  return c.finish(c.pg->backend_for(out).reduce_scatter(out, real_views(inputs), opts), async_op);
 }
 
 WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
@@ -328,11 +372,12 @@ WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
                                      std::to_string(c.pg->size()) + ") x output (" +
                                      std::to_string(output.numel()) + ")");
   }
+  c.check_reduce_op(output, op);
   auto opts = c.options<ReduceScatterOptions>();
   opts.op = op;
   c.debug(output, true, -1, reduce_code(op));
-  at::Tensor out = output;
-  return c.finish(c.pg->backend_for(out).reduce_scatter_tensor(out, in, opts), async_op);
+  at::Tensor out = real_view(output);
+  return c.finish(c.pg->backend_for(out).reduce_scatter_tensor(out, real_view(in), opts), async_op);
 }
 
 WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
@@ -353,7 +398,8 @@ WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
     c.check_like(output_tensor_list[i], inputs[0], what, false);
   }
   c.debug(inputs[0], false);
-  return c.finish(c.pg->backend_for(inputs[0]).all_to_all(output_tensor_list, inputs,
+  std::vector<at::Tensor> outputs = real_views(output_tensor_list);
+  return c.finish(c.pg->backend_for(inputs[0]).all_to_all(outputs, real_views(inputs),
                                                           c.options<AllToAllOptions>()),
                   async_op);
 }
@@ -393,10 +439,12 @@ WorkPtr all_to_all_single(const at::Tensor& output, const at::Tensor& input,
   check_splits(output_split_sizes, output, "output");
   check_splits(input_split_sizes, in, "input");
   c.debug(in, false);
-  at::Tensor out = output;
-  return c.finish(c.pg->backend_for(in).all_to_all_single(
-                      out, in, output_split_sizes, input_split_sizes, c.options<AllToAllOptions>()),
-                  async_op);
+  at::Tensor wire_out = real_view(output);
+  const at::Tensor wire_in = real_view(in);
+  return c.finish(
+      c.pg->backend_for(wire_in).all_to_all_single(wire_out, wire_in, output_split_sizes,
+                                                   input_split_sizes, c.options<AllToAllOptions>()),
+      async_op);
 }
 
 WorkPtr barrier(const ProcessGroupPtr& group, bool async_op) {
@@ -426,8 +474,9 @@ WorkPtr point_to_point(bool is_send, const at::Tensor& tensor, int peer,
   if (!is_send) c.check_output(tensor, "tensor");
   const uint64_t record_id =
       detail::flight_record_issue(*c.pg, c.pg->sequence_number(), c.op, {t}, peer);
-  work = is_send ? c.pg->backend_for(t).send(t, peer_rank, opts)
-                 : c.pg->backend_for(t).recv(t, peer_rank, opts);
+  at::Tensor wire = real_view(t);
+  work = is_send ? c.pg->backend_for(wire).send(wire, peer_rank, opts)
+                 : c.pg->backend_for(wire).recv(wire, peer_rank, opts);
   detail::flight_record_track(record_id, c.pg, work);
   return work;
 }
@@ -468,6 +517,7 @@ std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops) {
                                        "; one batch goes to one backend and device");
     }
     tensors.push_back(p.tensor);
+    p.tensor = real_view(p.tensor);
     batch.push_back(std::move(p));
   }
   const uint64_t record_id =
