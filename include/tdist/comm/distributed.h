@@ -77,6 +77,27 @@ struct NewGroupOptions {
 /// calls. Non-members receive a group with is_member() == false. Empty ranks: all ranks.
 ProcessGroupPtr new_group(std::vector<int> ranks = {}, const NewGroupOptions& options = {});
 
+/// The global ranks of `group` (default: the world) in group-rank order, as
+/// torch.distributed.get_process_group_ranks; a rank outside the group may ask too.
+std::vector<int> get_process_group_ranks(const ProcessGroupPtr& group = nullptr);
+
+/// What new_subgroups returns, as torch.distributed's (cur_subgroup, subgroups) pair:
+/// `current` is this rank's subgroup (null when it is in none), `all` every subgroup in order.
+struct Subgroups {
+  ProcessGroupPtr current;
+  std::vector<ProcessGroupPtr> all;
+};
+/// As torch.distributed.new_subgroups: splits `group` (default: the world) into subgroups of
+/// `group_size` consecutive group ranks. group_size 0: the number of CUDA devices on this
+/// machine (one subgroup per machine when every machine runs one rank per GPU). Like
+/// new_group, every rank of the world calls it with the same arguments.
+Subgroups new_subgroups(int group_size = 0, const ProcessGroupPtr& group = nullptr,
+                        const NewGroupOptions& options = {});
+/// As torch.distributed.new_subgroups_by_enumeration: one subgroup per list of global ranks.
+/// The lists must be non-empty and must not overlap; ranks in none get a null `current`.
+Subgroups new_subgroups_by_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup,
+                                       const NewGroupOptions& options = {});
+
 int get_rank(const ProcessGroupPtr& group = nullptr);
 int get_world_size(const ProcessGroupPtr& group = nullptr);
 int get_group_rank(const ProcessGroupPtr& group, int global_rank);
