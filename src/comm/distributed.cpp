@@ -19,6 +19,7 @@
 #include "state.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
+#include "tdist/util/env.h"
 #include "tdist/util/openblas_core.h"
 
 namespace tdist {
@@ -137,6 +138,32 @@ bool is_xccl_available() {
 }
 bool is_torchelastic_launched() {
   return std::getenv("TORCHELASTIC_RUN_ID") != nullptr;
+}
+
+bool is_backend_available(const std::string& backend) {
+  // "gloo", or "cpu:gloo,cuda:nccl": every comma-separated entry's name after its colon.
+  bool any = false;
+  size_t begin = 0;
+  while (begin <= backend.size()) {
+    const size_t end = std::min(backend.find(',', begin), backend.size());
+    const std::string entry = backend.substr(begin, end - begin);
+    const size_t colon = entry.find(':');
+    const std::string name = colon == std::string::npos ? entry : entry.substr(colon + 1);
+    if (name.empty() || !detail::backend_registered(name)) return false;
+    any = true;
+    begin = end + 1;
+  }
+  return any;
+}
+
+int get_node_local_rank(std::optional<int> fallback_rank) {
+  const auto local_rank =
+      util::env_integer("LOCAL_RANK", 0, "a rank on this machine, 0 or more (as tdistrun sets)");
+  if (local_rank) return static_cast<int>(*local_rank);
+  if (fallback_rank) return *fallback_rank;
+  TDIST_THROW(InvalidArgument,
+              "get_node_local_rank: LOCAL_RANK is not in the environment (tdistrun and torchrun "
+              "set it); pass fallback_rank to run without a launcher");
 }
 
 std::string get_default_backend_for_device(const std::string& device) {

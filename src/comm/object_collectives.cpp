@@ -59,6 +59,32 @@ std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg,
 
 }  // namespace
 
+void send_object_list(const std::vector<Object>& object_list, int dst,
+                      const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "send_object_list");
+  if (!pg->is_member()) return;
+  const std::vector<uint8_t> bytes = serialize_object(Object(object_list));
+  const c10::Device device = pg->default_device();
+  const auto size = static_cast<int64_t>(bytes.size());
+  send(int64_on(size, device), dst, pg);
+  send(to_bytes_tensor(bytes, size, device), dst, pg);
+}
+
+int recv_object_list(std::vector<Object>& object_list, int src, const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "recv_object_list");
+  if (!pg->is_member()) return -1;
+  const c10::Device device = pg->default_device();
+  at::Tensor size = empty_on({1}, torch::kInt64, device);
+  recv(size, src, pg);
+  const int64_t n = size.item<int64_t>();
+  TDIST_CHECK_ARG(n >= 0, "recv_object_list: global rank " + std::to_string(src) + " announced " +
+                              std::to_string(n) + " bytes; was its send a send_object_list?");
+  at::Tensor data = empty_on({std::max<int64_t>(n, 1)}, torch::kUInt8, device);
+  recv(data, src, pg);
+  object_list = from_bytes_tensor(data, n, "recv_object_list", src).as_list();
+  return src;
+}
+
 void broadcast_object_list(std::vector<Object>& object_list, int src,
                            const ProcessGroupPtr& group) {
   auto pg = detail::resolve_group(group, "broadcast_object_list");

@@ -1,8 +1,10 @@
-// Backend names, the registry, backend specs, URL parsing and the is_* queries.
+// Backend names, the registry, backend specs, URL parsing, the is_* queries and
+// get_node_local_rank.
 #include <gtest/gtest.h>
 
 #include "comm/rendezvous.h"
 #include "comm/store_backend.h"
+#include "support/scoped_env.h"
 #include "tdist/comm/backend.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -62,6 +64,39 @@ TEST(BackendRegistry, NcclIsReportedUnavailable) {
     EXPECT_NE(std::string(e.what()).find("not available in this build (no CUDA)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+TEST(BackendRegistry, IsBackendAvailableChecksEveryNamedBackend) {
+  register_store_backend();
+  EXPECT_TRUE(is_backend_available("storetest"));
+  EXPECT_TRUE(is_backend_available("StoreTest"));
+  EXPECT_TRUE(is_backend_available("cpu:storetest"));
+  EXPECT_EQ(is_backend_available("gloo"), is_gloo_available());
+  EXPECT_EQ(is_backend_available("cpu:storetest,cuda:nccl"), is_nccl_available());
+  for (const char* bad : {"nosuch", "", "cpu:", "storetest,", "cpu:storetest,cuda:nosuch"}) {
+    EXPECT_FALSE(is_backend_available(bad)) << "'" << bad << "'";
+  }
+}
+
+TEST(NodeLocalRank, FromLocalRankElseTheFallbackElseAnError) {
+  {
+    testing::ScopedEnv local_rank("LOCAL_RANK", "3");
+    EXPECT_EQ(get_node_local_rank(), 3);
+    EXPECT_EQ(get_node_local_rank(7), 3);
+  }
+  {
+    testing::ScopedEnv local_rank("LOCAL_RANK", nullptr);
+    EXPECT_EQ(get_node_local_rank(7), 7);
+    try {
+      get_node_local_rank();
+      ADD_FAILURE() << "no LOCAL_RANK and no fallback was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("pass fallback_rank"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* bad : {"-1", "two", "1.5"}) {
+    testing::expect_env_value_rejected("LOCAL_RANK", bad, [] { get_node_local_rank(0); });
   }
 }
 

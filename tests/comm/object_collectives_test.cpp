@@ -1,6 +1,6 @@
-// broadcast_object_list, all_gather_object, gather_object and scatter_object_list with
-// rank-dependent (uneven) payloads, and find_disagreement, at world sizes 1-4, on the world
-// and on a subgroup.
+// broadcast_object_list, all_gather_object, gather_object, scatter_object_list and
+// send_object_list / recv_object_list with rank-dependent (uneven) payloads, and find_disagreement,
+// at world sizes 1-4, on the world and on a subgroup.
 #include <torch/torch.h>
 
 #include "comm/comm_test_util.h"
@@ -55,6 +55,27 @@ void check_object_collectives(const ProcessGroupPtr& group) {
   EXPECT_TRUE(out[0] == payload(rank));
 }
 
+// The first group rank sends each other rank its own list (as long as the rank's group rank
+// plus one; the receiver's list starts longer), and each sends one back.
+void check_send_recv_object_list(const ProcessGroupPtr& group) {
+  const int rank = get_rank(group), n = get_world_size(group);
+  auto global = [&](int r) { return get_global_rank(group ? group : group_world(), r); };
+  auto list_for = [](int r) { return std::vector<Object>(r + 1, payload(r)); };
+  if (rank == 0) {
+    for (int r = 1; r < n; ++r) send_object_list(list_for(r), global(r), group);
+    for (int r = 1; r < n; ++r) {
+      std::vector<Object> back;
+      EXPECT_EQ(recv_object_list(back, global(r), group), global(r));
+      EXPECT_EQ(back, std::vector<Object>{payload(n + r)}) << "from " << r;
+    }
+    return;
+  }
+  std::vector<Object> got(n + 3, Object("stale"));
+  EXPECT_EQ(recv_object_list(got, global(0), group), global(0));
+  EXPECT_EQ(got, list_for(rank));
+  send_object_list({payload(n + rank)}, global(0), group);
+}
+
 // Every rank gets the same answer: the lowest differing rank, its first differing line.
 void check_find_disagreement(const ProcessGroupPtr& group) {
   const int rank = get_rank(group), n = get_world_size(group);
@@ -90,6 +111,16 @@ TDIST_SCENARIO(comm_object_collectives) {
   init_process_group(test_init_options());
   check_on_world_and_a_subgroup(check_object_collectives);
   check_on_world_and_a_subgroup(check_find_disagreement);
+  check_on_world_and_a_subgroup(check_send_recv_object_list);
+  // A rank outside the group receives nothing and says so with -1, as torch.distributed.
+  if (get_world_size() > 1) {
+    auto only_first = new_group({0});
+    std::vector<Object> untouched{Object(7)};
+    if (get_rank() != 0) {
+      EXPECT_EQ(recv_object_list(untouched, 0, only_first), -1);
+    }
+    EXPECT_EQ(untouched, std::vector<Object>{Object(7)});
+  }
   destroy_process_group();
 }
 

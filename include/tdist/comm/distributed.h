@@ -33,6 +33,12 @@ bool is_nccl_available();
 bool is_xccl_available();
 /// True when started by tdistrun (TORCHELASTIC_RUN_ID is set).
 bool is_torchelastic_launched();
+/// Whether every backend `backend` names is built and registered: one name ("gloo") or a
+/// device list ("cpu:gloo,cuda:nccl"), as torch.distributed.is_backend_available.
+bool is_backend_available(const std::string& backend);
+/// This process's rank on its machine: LOCAL_RANK (set by tdistrun and torchrun), else
+/// `fallback_rank`, else InvalidArgument; as torch.distributed.get_node_local_rank.
+int get_node_local_rank(std::optional<int> fallback_rank = std::nullopt);
 /// "cpu" -> "gloo", "cuda" -> "nccl"; throws for device types no backend serves.
 std::string get_default_backend_for_device(const std::string& device);
 

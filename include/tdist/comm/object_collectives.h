@@ -28,4 +28,14 @@ void scatter_object_list(std::vector<Object>& scatter_object_output_list,
                          const std::vector<Object>& scatter_object_input_list, int src = 0,
                          const ProcessGroupPtr& group = nullptr);
 
+/// Sends object_list to global rank dst, which receives it with recv_object_list; as
+/// torch.distributed.send_object_list (tag 0, on the group's default device).
+void send_object_list(const std::vector<Object>& object_list, int dst,
+                      const ProcessGroupPtr& group = nullptr);
+/// Receives the list global rank src sent with send_object_list: object_list becomes it,
+/// resized to the sender's length (torch.distributed needs the lengths to match beforehand).
+/// Returns src; -1 on a rank outside the group, which receives nothing.
+int recv_object_list(std::vector<Object>& object_list, int src,
+                     const ProcessGroupPtr& group = nullptr);
+
 }  // namespace tdist
