@@ -284,8 +284,10 @@ WorkPtr all_gather_placed(const at::Tensor& input_tensor, CollectiveBackend::Blo
                   c.where() + ": backend " + backend.name() +
                       " has no placed all-gather; use all_gather_into_tensor");
   c.debug(in);
-  return c.finish(backend.all_gather_placed(in, std::move(place), c.options<AllgatherOptions>()),
-                  /*async_op=*/true);
+  // The placer receives raw bytes, the same for a complex tensor and its real view.
+  return c.finish(
+      backend.all_gather_placed(real_view(in), std::move(place), c.options<AllgatherOptions>()),
+      /*async_op=*/true);
 }
 
 WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, int dst,

@@ -257,6 +257,26 @@ bool built_on_meta(const std::vector<std::pair<std::string, at::Tensor>>& params
   return true;
 }
 
+// One fully_shard call gathers and reduces its parameters as one flat buffer of one dtype
+// (Note [Flat buffer layout]): parameters of another dtype would be cast into it and back,
+// losing precision (float64 through float32) or imaginary parts (complex through real)
+// without a word. FSDP1 refuses such a module too; FSDP2 refuses it at the reduce-scatter.
+void check_one_dtype(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  if (params.empty()) return;
+  const auto& [first_name, first] = params.front();
+  for (const auto& [name, param] : params) {
+    if (param.scalar_type() == first.scalar_type()) continue;
+    TDIST_THROW(InvalidArgument,
+                "fully_shard: parameter '" + name + "' is " +
+                    std::string(c10::toString(param.scalar_type())) + " but '" + first_name +
+                    "' is " + std::string(c10::toString(first.scalar_type())) +
+                    "; one fully_shard call gathers and reduces its parameters in one dtype, so "
+                    "the others would be cast and lose precision. Convert the module to one "
+                    "dtype (module->to(dtype)), call fully_shard on submodules so that each "
+                    "call manages one dtype, or leave those parameters out (ignored_params)");
+  }
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
@@ -274,6 +294,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
         detail::describe_fully_shard_call(modules.front()->name(), managed.params, options),
         {groups.shard, groups.replicate});
   }
+  check_one_dtype(managed.params);
   const bool deferred = built_on_meta(managed.params);
   detail::GroupPlan plan{std::move(managed.params), group, group_config(options, groups, k),
                          param_policy(options)};

@@ -294,6 +294,88 @@ TDIST_SCENARIO(fsdp_models_differ) {
   destroy_process_group();
 }
 
+// Parameters of several dtypes under one fully_shard call would be gathered in the first
+// one's dtype: float64 through float32, complex through real. The call is refused; split by
+// dtype (one call per child) or ignored, they keep every bit.
+struct OneDtypeImpl : torch::nn::Module {
+  explicit OneDtypeImpl(at::Tensor value) { p = register_parameter("p", std::move(value)); }
+  at::Tensor forward(const at::Tensor&) { return p.clone(); }
+  at::Tensor p;
+};
+TORCH_MODULE(OneDtype);
+
+struct MixedDtypesImpl : torch::nn::Module {
+  MixedDtypesImpl() {
+    single = register_module("single", OneDtype(torch::full({5}, 0.25, torch::kFloat)));
+    precise = register_module("precise", OneDtype(torch::full({7}, 1.0 + 1e-12, torch::kDouble)));
+    complex = register_module("complex", OneDtype(torch::full({3}, c10::complex<double>(0.5, 2.0),
+                                                              torch::kComplexDouble)));
+  }
+  /// The children through fsdp::forward when each was sharded on its own.
+  at::Tensor value_of(OneDtype& child, const at::Tensor& x) {
+    return children_sharded ? tdist::fsdp::forward(child, x) : child->forward(x);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor single_p = value_of(single, x), precise_p = value_of(precise, x),
+               complex_p = value_of(complex, x);
+    seen_precise = precise_p.detach();
+    seen_complex = complex_p.detach();
+    return (x * single_p.sum()).sum().to(torch::kDouble) + precise_p.sum() + complex_p.abs().sum();
+  }
+  OneDtype single{nullptr}, precise{nullptr}, complex{nullptr};
+  bool children_sharded = false;
+  at::Tensor seen_precise, seen_complex;
+};
+TORCH_MODULE(MixedDtypes);
+
+void expect_every_bit_kept(MixedDtypes& model) {
+  tdist::fsdp::forward(model, torch::ones({2})).backward();
+  EXPECT_TRUE(torch::equal(model->seen_precise, torch::full({7}, 1.0 + 1e-12, torch::kDouble)));
+  EXPECT_TRUE(torch::equal(model->seen_complex,
+                           torch::full({3}, c10::complex<double>(0.5, 2.0), torch::kComplexDouble)))
+      << model->seen_complex;
+}
+
+TDIST_SCENARIO(fsdp_mixed_dtypes) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  {
+    MixedDtypes model;
+    try {
+      fully_shard(model);
+      ADD_FAILURE() << "one fully_shard call over Float, Double and ComplexDouble was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("parameter 'precise.p' is Double but 'single.p' is Float"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("call fully_shard on submodules"), std::string::npos) << what;
+    }
+  }
+  {
+    MixedDtypes model;
+    for (auto child : {model->single.ptr(), model->precise.ptr(), model->complex.ptr()}) {
+      fully_shard(child);
+    }
+    fully_shard(model);
+    model->children_sharded = true;
+    expect_every_bit_kept(model);
+  }
+  {
+    MixedDtypes model;
+    fully_shard(model, FullyShardOptions().ignored_params({model->precise->p, model->complex->p}));
+    expect_every_bit_kept(model);
+  }
+  destroy_process_group();
+}
+
+TEST(FSDPMixedDtypes, OneCallRefusesThemAndSplitCallsKeepEveryBit) {
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp_mixed_dtypes", world));
+  }
+}
+
 TEST(FSDPModelsDiffer, EveryRankRaisesNamingTheRankAndParameter) {
   for (const char* differ : {"hidden", "blocks", "dtype", "hsdp"}) {
     for (int world : {2, 3}) {
