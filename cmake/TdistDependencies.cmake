@@ -39,7 +39,6 @@ find_package(Gloo REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenSSL REQUIRED)
 find_package(nlohmann_json REQUIRED)
-find_package(fmt REQUIRED)
 
 set(TDIST_HAVE_MPI OFF)
 if(TDIST_WITH_MPI)

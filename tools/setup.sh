@@ -23,7 +23,7 @@ PACKAGES=(
   libgloo-dev             # Debian's Gloo, which tdist's Gloo transport module is built on (docs/gloo.md)
   libopenmpi-dev openmpi-bin  # the MPI backend
   libssl-dev              # HMAC-SHA256 store authentication, checkpoint checksums
-  nlohmann-json3-dev libfmt-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest
   clang                   # the store's libFuzzer target
   iproute2 util-linux     # network- and UTS-namespace tests (ip netns, unshare)

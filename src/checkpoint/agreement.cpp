@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist::checkpoint::detail {
 
@@ -29,16 +30,6 @@ std::vector<Report> exchange(Coordinator& coordinator, const Report& mine,
   return out;
 }
 
-namespace {
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
-}  // namespace
-
 std::string describe_failures(const std::vector<Report>& reports) {
   // Ranks failing with the same message (a path none of them can read, the same bad
   // argument) are named once with it, so the message stays readable at any world size.
@@ -56,12 +47,12 @@ std::string describe_failures(const std::vector<Report>& reports) {
     }
   }
   if (failed.empty()) return "";
-  std::string out = "rank(s) " + join_ranks(failed) + " failed: ";
+  std::string out = "rank(s) " + util::join(failed) + " failed: ";
   if (ranks_by_error.size() == 1) return out + ranks_by_error.front().first;
   for (size_t i = 0; i < ranks_by_error.size(); ++i) {
     const auto& [error, ranks] = ranks_by_error[i];
     out += (i == 0 ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") +
-           join_ranks(ranks) + ": " + error;
+           util::join(ranks) + ": " + error;
   }
   return out;
 }

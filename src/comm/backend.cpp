@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist {
 
@@ -50,12 +51,6 @@ const std::vector<std::string>& builtin_names() {
   return names;
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
-
 /// Why a built-in backend that is not registered cannot be used here.
 std::string unavailable_reason(const std::string& name) {
   if (name == "nccl") return "nccl is not available in this build (no CUDA)";
@@ -86,7 +81,7 @@ Backend::Backend(const std::string& name) {
   }
   if (!ok) {
     TDIST_THROW(InvalidArgument, "unknown backend '" + name +
-                                     "'; known backends: " + join(backend_list()) +
+                                     "'; known backends: " + util::join(backend_list()) +
                                      " (register others with Backend::register_backend)");
   }
   name_ = value;
@@ -164,10 +159,10 @@ BackendFactory backend_factory(const std::string& name) {
   if (std::find(known.begin(), known.end(), key) != known.end()) {
     TDIST_THROW(InvalidArgument, "backend '" + key +
                                      "' cannot be used: " + unavailable_reason(key) +
-                                     "; usable backends here: " + join(usable_backends()));
+                                     "; usable backends here: " + util::join(usable_backends()));
   }
   TDIST_THROW(InvalidArgument, "unknown backend '" + name +
-                                   "'; usable backends here: " + join(usable_backends()) +
+                                   "'; usable backends here: " + util::join(usable_backends()) +
                                    " (register others with Backend::register_backend)");
 }
 

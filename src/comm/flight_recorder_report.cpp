@@ -23,6 +23,7 @@
 #include "comm/comm_environment.h"
 #include "comm/flight_recorder_hooks.h"
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist::detail {
 
@@ -180,12 +181,6 @@ std::optional<json> record_at(const json& progress, uint64_t seq) {
   return std::nullopt;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
-}
-
 /// Compares every rank's progress with the collective that timed out here.
 std::string build_report(const GroupRef& pg, uint64_t failed_id, const json& mine,
                          const std::map<int, json>& others, std::chrono::milliseconds wait) {
@@ -205,7 +200,7 @@ std::string build_report(const GroupRef& pg, uint64_t failed_id, const json& min
   }
   std::ostringstream out;
   out << "flight recorder report (rank " << me << ", process group '" << pg.name() << "', ranks ["
-      << join_ranks(pg.global_ranks()) << "]): ";
+      << util::join(pg.global_ranks()) << "]): ";
   if (!stuck) {
     out << "no unfinished collective recorded here (recording off or ring too small)\n";
     return out.str();
@@ -266,7 +261,7 @@ std::string build_report(const GroupRef& pg, uint64_t failed_id, const json& min
     std::string s =
         "the ranks disagree on seq " + std::to_string(seq) + " (a skipped or extra collective):";
     for (const auto& [what, ranks] : labels_at_seq) {
-      s += " rank(s) " + join_ranks(ranks) + " issued " + what + ";";
+      s += " rank(s) " + util::join(ranks) + " issued " + what + ";";
     }
     summary.push_back(s);
   }
@@ -277,7 +272,7 @@ std::string build_report(const GroupRef& pg, uint64_t failed_id, const json& min
   }
   for (const auto& s : summary) out << s << "\n";
   if (!waiting.empty()) {
-    out << "rank(s) " << join_ranks(waiting) << " issued " << stuck_text << "\n";
+    out << "rank(s) " << util::join(waiting) << " issued " << stuck_text << "\n";
   }
   for (const auto& d : details) out << d << "\n";
   return out.str();

@@ -9,16 +9,11 @@
 #include "state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist {
 
 namespace {
-
-std::string list_text(const std::vector<int>& ranks) {
-  std::string text = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text + "]";
-}
 
 /// Checked before any group is made, so that a refused call leaves no subgroups behind.
 void check_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup, int world_size) {
@@ -36,9 +31,9 @@ void check_enumeration(const std::vector<std::vector<int>>& ranks_per_subgroup, 
                           " is outside the world [0, " + std::to_string(world_size) + ")");
       auto [it, fresh] = subgroup_of.emplace(r, i);
       TDIST_CHECK_ARG(fresh, where + "rank " + std::to_string(r) + " is in subgroup #" +
-                                 std::to_string(it->second) + " " +
-                                 list_text(ranks_per_subgroup[it->second]) + " and in #" +
-                                 std::to_string(i) + " " + list_text(ranks) +
+                                 std::to_string(it->second) + " [" +
+                                 util::join(ranks_per_subgroup[it->second]) + "] and in #" +
+                                 std::to_string(i) + " [" + util::join(ranks) + "]" +
                                  "; subgroups must not overlap");
     }
   }

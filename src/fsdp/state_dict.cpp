@@ -31,6 +31,7 @@
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
 #include "tdist/util/optimizer_state.h"
+#include "tdist/util/text.h"
 #include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
@@ -197,12 +198,6 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
   expected->local.copy_(src.local);
 }
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 /// rank0_only: rank 0's full state dict, broadcast to every rank (Python's
 /// broadcast_from_rank0). Every rank returns the same dict.
 ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
@@ -360,8 +355,8 @@ void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& sta
   if (options.strict() && (!missing.empty() || !unexpected.empty())) {
     TDIST_THROW(InvalidArgument, "set_model_state_dict" + detail::on_rank() +
                                      ": the state dict does not match the module. missing: [" +
-                                     detail::join(missing) + "] unexpected: [" +
-                                     detail::join(unexpected) +
+                                     util::join(missing) + "] unexpected: [" +
+                                     util::join(unexpected) +
                                      "]; pass strict(false) to load what matches");
   }
   c10::AutoGradMode no_grad(false);
@@ -438,7 +433,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
     TDIST_THROW(InvalidArgument, "set_optimizer_state_dict" + detail::on_rank() +
                                      ": keys that name no state of a parameter the optimizer "
                                      "holds: [" +
-                                     detail::join(unexpected) +
+                                     util::join(unexpected) +
                                      "]; keys are \"<parameter name>.<state name>\"; pass "
                                      "strict(false) to ignore them");
   }
@@ -470,7 +465,7 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
   if (options.strict() && !unused.empty()) {
     TDIST_THROW(InvalidArgument, "set_optimizer_state_dict" + detail::on_rank() +
                                      ": state this optimizer type does not keep: [" +
-                                     detail::join(unused) +
+                                     util::join(unused) +
                                      "] (the rest was loaded); pass strict(false) to ignore it");
   }
 }

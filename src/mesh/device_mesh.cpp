@@ -7,18 +7,16 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist::mesh {
 
 namespace {
 
+/// A list written as Python writes a tuple: (2, 3).
 template <typename T>
 std::string join_list(const std::vector<T>& values) {
-  std::ostringstream out;
-  out << "(";
-  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-  out << ")";
-  return out.str();
+  return "(" + util::join(values) + ")";
 }
 
 std::string dim_text(const MeshDim& dim) {
