@@ -15,6 +15,7 @@
 #include "checkpoint/zip_check.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist::checkpoint {
 namespace {
@@ -144,9 +145,8 @@ LoadResult load(ShardedStateDict& state, const std::string& dir, const LoadOptio
       if (state.count(name) == 0) result.unexpected_keys.push_back(name);
     }
     if (!missing.empty() && options.strict()) {
-      std::string list;
-      for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
-      TDIST_THROW(CheckpointError, "checkpoint: '" + dir + "' has no tensor named " + list +
+      TDIST_THROW(CheckpointError, "checkpoint: '" + dir + "' has no tensor named " +
+                                       util::join(missing) +
                                        " (pass LoadOptions().strict(false) to skip them)");
     }
     result.missing_keys = std::move(missing);

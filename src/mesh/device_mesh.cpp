@@ -238,9 +238,7 @@ std::string DeviceMesh::to_string() const {
   std::ostringstream out;
   out << "DeviceMesh(" << device_type_ << ", shape=" << join_list(shape_);
   if (!dim_names_.empty()) out << ", dims=" << join_list(dim_names_);
-  out << ", layout=[";
-  for (size_t i = 0; i < layout_.size(); ++i) out << (i ? ", " : "") << layout_[i];
-  out << "])";
+  out << ", layout=[" << util::join(layout_) << "])";
   return out.str();
 }
 

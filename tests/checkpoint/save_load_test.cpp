@@ -116,6 +116,16 @@ TEST(SaveLoad, LoadChecksShapesDtypesAndMissingKeys) {
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("not.saved"), std::string::npos) << e.what();
   }
+  ShardedStateDict two_extra_keys{{"also.not.saved", ShardedTensor::whole(at::zeros({2}))},
+                                  {"not.saved", ShardedTensor::whole(at::zeros({2}))}};
+  try {
+    load(two_extra_keys, dir);
+    FAIL() << "expected a missing-key error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no tensor named also.not.saved, not.saved ("),
+              std::string::npos)
+        << e.what();
+  }
   const LoadResult r = load(extra_key, dir, LoadOptions().strict(false));
   EXPECT_EQ(r.missing_keys, std::vector<std::string>{"not.saved"});
   EXPECT_TRUE(bitwise_equal(extra_key.at("layers.0.bias").local, full.at("layers.0.bias")));

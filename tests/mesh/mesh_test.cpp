@@ -58,6 +58,7 @@ TDIST_SCENARIO(mesh_2d) {
   DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
   EXPECT_EQ(mesh.shape(), (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(mesh.layout(), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(mesh.to_string(), "DeviceMesh(cpu, shape=(2, 2), dims=(dp, tp), layout=[0, 1, 2, 3])");
   EXPECT_EQ(mesh.get_local_rank("dp"), rank / 2);
   EXPECT_EQ(mesh.get_local_rank("tp"), rank % 2);
   EXPECT_EQ(mesh.size("tp"), 2);
