@@ -40,16 +40,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Disk: a full build (every target, with debug info) takes ~11 GiB and the PyTorch wheel ~5
+# Disk: a full build (every target, with compressed debug info) takes ~7 GiB and the PyTorch wheel ~5
 # GiB; running out half-way fails at some link step with a bare "No space left on device".
-need_gib=12
+need_gib=8
 [ -x .venv/bin/python ] || need_gib=$((need_gib + 5))
 have_gib=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1024 / 1024 ))
 built_gib=0
 [ -d "$BUILD_DIR" ] && built_gib=$(( $(du -sk "$BUILD_DIR" | cut -f1) / 1024 / 1024 ))
 if [ "${TDIST_SKIP_DISK_CHECK:-0}" != 1 ] && (( have_gib + built_gib < need_gib )); then
   echo "error: $have_gib GiB free on $(df -P . | awk 'NR==2 {print $6}'), and a build of tdist needs" \
-       "~$need_gib GiB (build/ ~11 GiB${built_gib:+, $built_gib GiB of it already in $BUILD_DIR}," \
+       "~$need_gib GiB (build/ ~7 GiB${built_gib:+, $built_gib GiB of it already in $BUILD_DIR}," \
        "PyTorch ~5 GiB if not installed yet). Free some space (old build folders, /tmp), or set" \
        "TDIST_SKIP_DISK_CHECK=1 to try anyway." >&2
   exit 1
