@@ -40,8 +40,8 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Disk: a full build (every target, with compressed debug info) takes ~7 GiB and the PyTorch wheel ~5
-# GiB; running out half-way fails at some link step with a bare "No space left on device".
+# Disk: a full build (every target, with compressed debug info) takes ~7 GiB and the PyTorch
+# wheel ~5 GiB; running out half-way fails at some link step with a bare "No space left on device".
 need_gib=8
 [ -x .venv/bin/python ] || need_gib=$((need_gib + 5))
 have_gib=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1024 / 1024 ))
