@@ -219,11 +219,14 @@ RendezvousResult rendezvous(const std::string& init_method, int rank, int world_
     }
     int port = parse_int("MASTER_PORT", port_text, 1, 65535);
     const char* addr = env("MASTER_ADDR");
-    if (addr == nullptr && rank != 0) {
-      TDIST_THROW(InvalidArgument, "MASTER_ADDR is not set (rank " + std::to_string(rank) +
-                                       " must know rank 0's address): " + kEnvHelp);
+    // Required on every rank, rank 0 included, as in torch.distributed: a default of
+    // 127.0.0.1 on rank 0 alone would hide a launcher that forgot it until the other ranks run.
+    if (addr == nullptr) {
+      TDIST_THROW(InvalidArgument,
+                  "MASTER_ADDR is not set on rank " + std::to_string(rank) +
+                      " (every rank needs rank 0's address, rank 0 included): " + kEnvHelp);
     }
-    std::string host = addr ? addr : "127.0.0.1";
+    std::string host = addr;
     if (rank >= world_size) {
       TDIST_THROW(InvalidArgument, "RANK=" + std::to_string(rank) +
                                        " is not below WORLD_SIZE=" + std::to_string(world_size) +

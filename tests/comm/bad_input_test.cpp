@@ -76,9 +76,16 @@ TEST(BadInput, MissingEnvVarsAreNamed) {
                                                           "WORLD_SIZE");
     EXPECT_FALSE(is_initialized());
   }
-  EnvGuard guard(
-      {{"MASTER_ADDR", nullptr}, {"MASTER_PORT", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}});
-  EXPECT_ERROR_CONTAINS(init_process_group(fast()), "MASTER_ADDR is not set");
+  // MASTER_ADDR is required of rank 0 too, not only of the ranks that connect to it.
+  for (const char* rank : {"0", "1"}) {
+    EnvGuard guard(
+        {{"MASTER_ADDR", nullptr}, {"MASTER_PORT", "1"}, {"RANK", rank}, {"WORLD_SIZE", "2"}});
+    EXPECT_ERROR_CONTAINS(init_process_group(fast()),
+                          "MASTER_ADDR is not set on rank " + std::string(rank) +
+                              " (every rank needs rank 0's address, rank 0 included): "
+                              "env:// needs MASTER_ADDR");
+    EXPECT_FALSE(is_initialized());
+  }
 }
 
 TEST(BadInput, MalformedAndNegativeEnvValuesAreNamed) {
