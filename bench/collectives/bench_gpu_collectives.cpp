@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -93,9 +94,10 @@ int run_rank(const Options& o) {
   const int rank = std::atoi(std::getenv("RANK"));
   const int world = std::atoi(std::getenv("WORLD_SIZE"));
   const char* local = std::getenv("LOCAL_RANK");
-  const c10::Device device = o.device == "cuda"
-                                 ? c10::Device(c10::kCUDA, local ? std::atoi(local) : rank)
-                                 : c10::Device(c10::kCPU);
+  // Ranks beyond the GPU count share GPUs (Gloo allows it; NCCL refuses two ranks on one).
+  const int gpu = (local ? std::atoi(local) : rank) % std::max<int>(1, torch::cuda::device_count());
+  const c10::Device device =
+      o.device == "cuda" ? c10::Device(c10::kCUDA, gpu) : c10::Device(c10::kCPU);
   auto init = tdist::InitProcessGroupOptions().init_method("env://").rank(rank).world_size(world);
   if (o.backend == "nccl") {
     init.backend("cpu:gloo,cuda:nccl").device_id(device.str());

@@ -46,7 +46,9 @@ def synchronize(device):
 def run_rank(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        # Ranks beyond the GPU count share GPUs (Gloo allows it; NCCL refuses two ranks on one).
+        gpus = max(1, torch.cuda.device_count())
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % gpus)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The GPT example's model (examples/gpt/model.cpp) in Python PyTorch, timed the same way as
 bench_train: random tokens (the same generator and seeds, so the same batches), AdamW,
-gradient clipping, warmup steps then timed steps. --mode picks PyTorch's DDP, FSDP1
+gradient clipping, warmup steps then timed steps. --mode picks the plain model (single: no
+wrapper, the baseline for PyTorch's own framework overhead), PyTorch's DDP, FSDP1
 (FullyShardedDataParallel, one unit per block) or FSDP2 (fully_shard on each block, then the
 root; --cpu-offload adds CPUOffloadPolicy); --init loads the initial parameters bench_train
 wrote (--init-out), so the final loss can be compared with tdist's. --device cuda trains on
@@ -45,6 +46,8 @@ class CausalSelfAttention(nn.Module):
         k = k.view(b, t, self.n_head, hd).transpose(1, 2)
         v = v.view(b, t, self.n_head, hd).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        if self.mask.device != x.device:  # moved once: .to(device) skips plain attributes
+            self.mask = self.mask.to(x.device)
         att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
         y = torch.softmax(att, dim=-1) @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
@@ -83,7 +86,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, 0.02)
 
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1])
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = block(x)
@@ -101,6 +104,8 @@ def load_init(model, path):
 
 
 def wrap(model, mode, device, cpu_offload):
+    if mode == "single":
+        return model
     if mode == "ddp":
         return DDP(model)
     if mode == "fsdp1":
@@ -128,7 +133,9 @@ def run_rank(args):
     threads = args.threads or max(1, os.cpu_count() // world)
     torch.set_num_threads(threads)
     if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        # Ranks beyond the GPU count share GPUs (Gloo allows it; NCCL refuses two ranks on one).
+        gpus = max(1, torch.cuda.device_count())
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % gpus)
         torch.cuda.set_device(device)
         dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world, device_id=device)
     else:
@@ -201,7 +208,7 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["ddp", "fsdp1", "fsdp2"], default="ddp")
+    p.add_argument("--mode", choices=["single", "ddp", "fsdp1", "fsdp2"], default="ddp")
     p.add_argument("--init", default="", help="initial parameters from bench_train --init-out")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=20)

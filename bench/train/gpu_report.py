@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The training rows tools/gpu-check.sh collects (bench_train and gpt_torch.py JSON lines,
-one GPU, world 1) as one Markdown table: step time, tdist FSDP over plain LibTorch
-(framework overhead), over PyTorch's fully_shard, peak GPU memory against 16 bytes per
+one GPU, world 1) as one Markdown table: step time over plain LibTorch, over the same
+framework's plain model (its FSDP overhead: tdist's rows over tdist single, PyTorch's over
+pytorch single), over PyTorch's fully_shard, peak GPU memory against 16 bytes per
 parameter / world (fp32 parameters, gradients and AdamW's two moments) plus activations,
 and whether each run's loss was finite and matched the others'.
 
@@ -20,16 +21,20 @@ def main(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     by = {name(r): r for r in rows}
     plain, torch_fsdp = by.get("tdist single"), by.get("pytorch fsdp2")
-    print("| run | step ms | / plain LibTorch | / PyTorch fully_shard | peak GPU MiB | 16 Psi / N MiB | final loss | ok |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+
+    def ratio(r, base):
+        return "%.3f" % (r["step_ms"] / base["step_ms"]) if base else "-"
+
+    print("| run | step ms | / plain LibTorch | / own plain | / PyTorch fully_shard "
+          "| peak GPU MiB | 16 Psi / N MiB | final loss | ok |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         bound = 16.0 * r.get("parameters", 0) / r["world_size"] / 2**20
         peak = max(r.get("peak_device_bytes", [0])) / 2**20
-        vs_plain = "%.3f" % (r["step_ms"] / plain["step_ms"]) if plain else "-"
-        vs_torch = "%.3f" % (r["step_ms"] / torch_fsdp["step_ms"]) if torch_fsdp else "-"
-        print("| %s | %.1f | %s | %s | %.0f | %.0f | %.4f | %s |" % (
-            name(r), r["step_ms"], vs_plain, vs_torch, peak, bound, r["final_loss"],
-            "yes" if r["ok"] else "NO"))
+        own_plain = by.get(r["impl"] + " single")
+        print("| %s | %.1f | %s | %s | %s | %.0f | %.0f | %.4f | %s |" % (
+            name(r), r["step_ms"], ratio(r, plain), ratio(r, own_plain), ratio(r, torch_fsdp),
+            peak, bound, r["final_loss"], "yes" if r["ok"] else "NO"))
     losses = [r["final_loss"] for r in rows]
     if losses:
         print("\nfinal losses (same initial weights and batches): spread %.2e"

@@ -207,30 +207,46 @@ class NCCLBackend : public CollectiveBackend {
                             const AllToAllOptions& opts) override {
     const detail::AllToAllPlan plan = detail::plan_all_to_all_single(
         input.sizes(), output.sizes(), input_split_sizes, output_split_sizes, size_, rank_);
-    return run("all_to_all_single", opts, {input}, {output},
-               [&](cudaStream_t s, Clock::time_point d) {
-                 const ncclDataType_t type = nccl_dtype(input.scalar_type());
-                 const size_t bytes = input.element_size();
-                 auto* in = static_cast<char*>(input.data_ptr());
-                 auto* out = static_cast<char*>(output.data_ptr());
-                 group(d, [&] {
-                   for (int r = 0; r < size_; ++r) {
-                     check(ncclSend(in + plan.send.offset[r] * bytes, plan.send.count[r], type, r,
-                                    comm(), s),
-                           "all_to_all_single", d);
-                     check(ncclRecv(out + plan.recv.offset[r] * bytes, plan.recv.count[r], type, r,
-                                    comm(), s),
-                           "all_to_all_single", d);
-                   }
-                 });
-               });
+    return run(
+        "all_to_all_single", opts, {input}, {output}, [&](cudaStream_t s, Clock::time_point d) {
+          const ncclDataType_t type = nccl_dtype(input.scalar_type());
+          const size_t bytes = input.element_size();
+          auto* in = static_cast<char*>(input.data_ptr());
+          auto* out = static_cast<char*>(output.data_ptr());
+          group(d, [&] {
+            for (int r = 0; r < size_; ++r) {
+              if (r == rank_) continue;
+              check(ncclSend(in + plan.send.offset[r] * bytes, plan.send.count[r], type, r, comm(),
+                             s),
+                    "all_to_all_single", d);
+              check(ncclRecv(out + plan.recv.offset[r] * bytes, plan.recv.count[r], type, r, comm(),
+                             s),
+                    "all_to_all_single", d);
+            }
+          });
+          // This rank's own block: one device copy on the same stream, not a send to
+          // itself through NCCL's kernels (the plan checked both counts agree).
+          output.view(-1)
+              .narrow(0, plan.recv.offset[rank_], plan.recv.count[rank_])
+              .copy_(input.view(-1).narrow(0, plan.send.offset[rank_], plan.send.count[rank_]),
+                     /*non_blocking=*/true);
+        });
   }
 
   WorkPtr all_to_all(std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
                      const AllToAllOptions& opts) override {
+    const int64_t to_self = inputs.at(rank_).numel(), from_self = outputs.at(rank_).numel();
+    if (to_self != from_self) {
+      TDIST_THROW(InvalidArgument, who() + ": nccl all_to_all: this rank sends itself " +
+                                       std::to_string(to_self) + " elements (input_tensor_list[" +
+                                       std::to_string(rank_) + "]) but expects " +
+                                       std::to_string(from_self) + " (output_tensor_list[" +
+                                       std::to_string(rank_) + "])");
+    }
     return run("all_to_all", opts, inputs, outputs, [&](cudaStream_t s, Clock::time_point d) {
       group(d, [&] {
         for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
           check(ncclSend(inputs[r].data_ptr(), inputs[r].numel(),
                          nccl_dtype(inputs[r].scalar_type()), r, comm(), s),
                 "all_to_all", d);
@@ -239,6 +255,7 @@ class NCCLBackend : public CollectiveBackend {
                 "all_to_all", d);
         }
       });
+      outputs[rank_].copy_(inputs[rank_], /*non_blocking=*/true);  // this rank's own block
     });
   }
 

@@ -24,7 +24,7 @@ torch::Tensor TinyBlockImpl::forward(torch::Tensor x) {
   auto split = [&](const torch::Tensor& y) { return y.view({b, t, h, w / h}).transpose(1, 2); };
   auto q = split(q_k_v[0]), k = split(q_k_v[1]), v = split(q_k_v[2]);
   auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(w / h));
-  auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+  auto mask = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
   att = att.masked_fill(mask, -1e9).softmax(-1);
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, w});
   x = x + proj(y);

@@ -178,6 +178,20 @@ TEST_F(NcclWorld1, ATensorOnAnotherDeviceOrCpuIsRefusedByNccl) {
   EXPECT_THROW(nccl.all_reduce(on_cpu, {}), InvalidArgument);
 }
 
+// A rank's block to itself is a local copy, not a send through NCCL: a copy between blocks of
+// different sizes would broadcast or fail in LibTorch, so the backend names the mismatch.
+TEST_F(NcclWorld1, AllToAllRefusesASelfBlockOfAnotherSize) {
+  auto& nccl = group_world()->backend("cuda");
+  std::vector<at::Tensor> outputs{torch::zeros({2}, cuda())};
+  try {
+    nccl.all_to_all(outputs, {torch::ones({1}, cuda())}, {});
+    FAIL() << "all_to_all with a 1-element block to itself and a 2-element one back passed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sends itself 1 elements"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(outputs[0].sum().item<float>(), 0.0f);  // nothing was written
+}
+
 // The dtype sweep on CPU tensors over gloo: what the NCCL case asserts is checked everywhere.
 TEST(NcclScenarioOnCpu, EveryOpOnEveryDtypeOverGloo) {
   init_process_group(InitProcessGroupOptions()

@@ -359,5 +359,12 @@ TEST(TrainOnDevice, CpuBaseline) {
   checkpoint_round_trip("cpu");
 }
 
+// The CUDA cases need "nccl" registered in this binary, which happens only where it links
+// tdist_nccl: a missing link would otherwise show only on a GPU machine.
+TEST(TrainOnDevice, NcclIsRegisteredWhereTheBuildHasIt) {
+  EXPECT_EQ(is_nccl_available(), TDIST_TEST_BUILD_HAS_NCCL == 1)
+      << "this build " << (TDIST_TEST_BUILD_HAS_NCCL ? "has" : "has no") << " NCCL";
+}
+
 }  // namespace
 }  // namespace tdist::testing
