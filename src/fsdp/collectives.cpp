@@ -46,12 +46,16 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
     if (!input.defined()) {
       TraceScope copy_in("FSDP::all_gather_copy_in", label);
       input = at::empty({layout.total}, options);
+      std::vector<at::Tensor> blocks, shards;
+      bool all_pinned = true;
       for (size_t i = 0; i < params.size(); ++i) {
-        // Pinned offloaded shards go host-to-device without blocking the host.
-        input.narrow(0, layout.offsets[i], layout.numels[i])
-            .copy_(params[i]->padded_shard_flat(),
-                   /*non_blocking=*/params[i]->shard_options().pinned_memory());
+        blocks.push_back(input.narrow(0, layout.offsets[i], layout.numels[i]));
+        shards.push_back(params[i]->padded_shard_flat());
+        all_pinned = all_pinned && params[i]->shard_options().pinned_memory();
       }
+      // One multi-tensor copy on a GPU (FSDP2's copy-in), not a kernel per parameter. Pinned
+      // offloaded shards go host-to-device without blocking the host.
+      at::_foreach_copy_(blocks, shards, /*non_blocking=*/all_pinned);
     }
     result.input = input;
     result.output = at::empty({result.world * layout.total}, options);
@@ -72,14 +76,37 @@ void foreach_all_gather_copy_out(const AllGatherResult& result,
                                  const std::vector<ShardedParam*>& params,
                                  const FlatLayout& layout) {
   const at::Tensor blocks = result.output.view({result.world, layout.total});
+  // Note [Flat buffer layout]: column block i, row-major, is the padded unsharded param. One
+  // split-and-copy (a single kernel on a GPU, as FSDP2's copy-out), not a copy per parameter.
+  std::vector<at::Tensor> unsharded;
   for (size_t i = 0; i < params.size(); ++i) {
-    // Note [Flat buffer layout]: column block i, row-major, is the padded unsharded param.
-    params[i]
-        ->padded_unsharded()
-        .view({result.world, layout.numels[i]})
-        .copy_(blocks.narrow(1, layout.offsets[i], layout.numels[i]));
+    unsharded.push_back(params[i]->padded_unsharded().view({result.world, layout.numels[i]}));
   }
+  at::split_with_sizes_copy_out(unsharded, blocks, layout.numels, /*dim=*/1);
 }
+
+namespace {
+
+// Whether at::_chunk_cat lays these gradients out as the reduce-scatter input wants them:
+// every one present, of the input's dtype and device, at least one-dimensional, and shaped
+// as its parameter. _chunk_cat pads dim 0 with zeros to a multiple of the world and puts
+// chunk r of every gradient, in order, into row r: rank r's padded shards (Note [Dim-0
+// padding]), in one kernel on a GPU (FSDP2's reduce-scatter copy-in).
+bool chunk_cat_applies(const std::vector<ShardedParam*>& params,
+                       const std::vector<at::Tensor>& grads, const at::Tensor& input) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    const ShardLayout& pl = params[i]->layout();
+    if (!g.defined() || g.dim() == 0 || g.scalar_type() != input.scalar_type() ||
+        g.device() != input.device() || g.size(0) != pl.dim0 || g.numel() != pl.numel() ||
+        g.numel() == 0) {
+      return false;
+    }
+  }
+  return !params.empty();
+}
+
+}  // namespace
 
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
@@ -93,7 +120,11 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   const at::TensorOptions options = params.front()->unsharded_options().dtype(reduce_dtype);
   result.input = at::empty({result.world, layout.total}, options);
   result.has_grad.resize(params.size(), false);
-  {
+  if (chunk_cat_applies(params, unsharded_grads, result.input)) {
+    TraceScope copy_in("FSDP::reduce_scatter_copy_in", label);
+    at::_chunk_cat_out(result.input, unsharded_grads, /*dim=*/0, /*num_chunks=*/result.world);
+    result.has_grad.assign(params.size(), true);
+  } else {
     TraceScope copy_in("FSDP::reduce_scatter_copy_in", label);
     for (size_t i = 0; i < params.size(); ++i) {
       const ShardLayout& pl = params[i]->layout();

@@ -57,7 +57,7 @@ void PerCallBuffers::start_reduce_scatter(const std::vector<at::Tensor>& grads,
 
 void PerCallBuffers::install_reduced_grads(double divisor) {
   CopyTimer copy(context_.stats);
-  reduce_.output.div_(divisor);
+  if (divisor != 1.0) reduce_.output.div_(divisor);  // a group of one: nothing to average
   const std::vector<ShardedParam*>& params = context_.params;
   bool host_copy_in_flight = false;
   for (size_t i = 0; i < params.size(); ++i) {
