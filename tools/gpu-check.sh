@@ -35,7 +35,8 @@ export TDIST_GPT_DATA=$PWD/data/kjv.txt
 BIN=.gpu-carry/bin
 nvidia-smi -L
 python3 -c 'import torch; print("torch", torch.__version__, "built for", open(".gpu-carry/torch-version.txt").read().strip(), "|", torch.cuda.get_device_name(0))'
-echo "binaries of commit $(cat .gpu-carry/commit.txt 2>/dev/null || echo '?'), tree at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# gpu-pack.sh's commit: the device's copy of .git can be older than the files sent with it.
+echo "binaries of commit $(cat .gpu-carry/commit.txt 2>/dev/null || echo '?')"
 # Preflight, in a second: every binary finds its libraries and symbol versions here, so a
 # machine unlike this one's recipe fails now, naming what is missing, not after minutes.
 if command -v ldd > /dev/null; then

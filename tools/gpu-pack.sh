@@ -50,7 +50,8 @@ for b in .gpu-carry/bin/* .gpu-carry/lib/*; do objdump -T "$b" 2>/dev/null; done
   grep -o -E 'GLIBC_[0-9.]+|GLIBCXX_[0-9.]+' | sort -u -V |
   awk -F_ '{last[$1] = $0} END {print last["GLIBC"]; print last["GLIBCXX"]}' > .gpu-carry/requires.txt
 cp tools/torch-version.txt .gpu-carry/
-git rev-parse --short HEAD > .gpu-carry/commit.txt
+# A build of uncommitted changes says so.
+git describe --always --dirty=+changes > .gpu-carry/commit.txt
 du -sh .gpu-carry
 ls .gpu-carry/bin .gpu-carry/lib
 echo "needs at least: $(paste -sd' ' .gpu-carry/requires.txt)"
