@@ -58,11 +58,13 @@ fi
 # PyTorch from PyPI into .venv/ (once; ~5 GB with its CUDA libraries, which it loads even on
 # machines without a GPU).
 # safetensors: the Python side of the GPT export test (examples/gpt/python/gpt_export.py).
-if ! .venv/bin/python -c "import torch, sys, numpy, safetensors; sys.exit(torch.__version__.split('+')[0] != '$TORCH_PIN')" \
-    2>/dev/null; then
-  echo "== installing PyTorch $TORCH_PIN into .venv/"
+# transformers, tokenizers, sentencepiece: the oracles of the model families' parity tests
+# (tests/models), which make small random Hugging Face models and compare logits and files.
+PY_PACKAGES=("torch==$TORCH_PIN" numpy safetensors $(grep -v '^#' tools/python-requirements.txt))
+if ! .venv/bin/python tools/check-python-env.py "$TORCH_PIN" 2>/dev/null; then
+  echo "== installing PyTorch $TORCH_PIN and the test oracles into .venv/"
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$TORCH_PIN" numpy safetensors
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
 
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime

@@ -21,6 +21,7 @@
 #include "fsdp/registry.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/shard_layout.h"
 #include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
@@ -230,7 +231,11 @@ class Materializer {
     check_not_shared(owner_, name, tensors);
     std::vector<at::Tensor> allocated = allocate(name, tensors);
     try {
-      run_init(options_.init_fn(), generators_, options_.seed(), name, module, tensors);
+      if (options_.load_fn()) {
+        load(name, module, tensors);
+      } else {
+        run_init(options_.init_fn(), generators_, options_.seed(), name, module, tensors);
+      }
     } catch (...) {
       for (const auto& t : allocated) back_to_meta(t);
       throw;
@@ -265,6 +270,35 @@ class Materializer {
     detail::FSDPState* state;
     std::unique_ptr<detail::GroupBuilder> builder;
   };
+
+  // MaterializeOptions::load_fn: each tensor's rows this rank keeps, and no others (the
+  // full tensor's other pages stay untouched, so they are never resident).
+  void load(const std::string& module_name, const torch::nn::Module& module,
+            const std::vector<DirectTensor>& tensors) {
+    at::NoGradGuard no_grad;
+    for (const auto& t : tensors) {
+      TensorRows rows{qualified(module_name, t.name), t.tensor.sizes().vec(), 0, t.tensor};
+      auto it = pending_.find(t.tensor.unsafeGetTensorImpl());
+      if (it != pending_.end() && t.tensor.dim() > 0) {
+        const ShardLayout layout = ShardLayout::compute(rows.shape, it->second.builder->world(),
+                                                        it->second.builder->rank());
+        if (layout.local_rows == 0) continue;
+        rows.row_begin = layout.row_offset;
+        rows.rows = t.tensor.narrow(0, layout.row_offset, layout.local_rows);
+      } else if (it != pending_.end()) {
+        const ShardLayout layout =
+            ShardLayout::compute({}, it->second.builder->world(), it->second.builder->rank());
+        if (layout.local_rows == 0) continue;
+      }
+      poison(rows.rows);
+      options_.load_fn()(rows);
+      if (can_hold_nan(rows.rows) && holds_nan(rows.rows)) {
+        TDIST_THROW(InvalidArgument, "materialize: load_fn left NaN in '" + rows.name +
+                                         "' of module '" + module_name + "' (" + module.name() +
+                                         "); it must set every element of the rows it is given");
+      }
+    }
+  }
 
   // The deferred groups in module order (the same on every rank, so the collectives their
   // builders issue match), and the parameters other fully_shard calls sharded already.

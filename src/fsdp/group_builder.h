@@ -40,6 +40,9 @@ class GroupBuilder {
   /// rank builds its groups in the same order.
   void shard(size_t i);
   bool sharded(size_t i) const { return params_[i] != nullptr; }
+  /// The ranks the parameters are sharded over, and this one's place among them.
+  int world() const { return world_; }
+  int rank() const { return rank_; }
   /// The group; every parameter must have been sharded.
   std::unique_ptr<ParamGroup> finish(const std::string& label);
 

@@ -34,7 +34,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
@@ -71,6 +73,20 @@ using ModuleInitFn = std::function<void(const std::string& name, torch::nn::Modu
 /// materialize an init_fn.
 void reset_builtin_parameters(const std::string& name, torch::nn::Module& module);
 
+/// The part of one tensor a loader fills (MaterializeOptions::load_fn): rows
+/// [row_begin, row_begin + rows.size(0)) of dim 0 of the tensor named `name` (its name in
+/// the model, as named_parameters() / named_buffers() give it), whose whole shape is
+/// `shape`. For a parameter a deferred fully_shard call manages, the rows of this rank's
+/// shard (possibly none: the loader is not called then); for every other tensor, all of
+/// its rows. A 0-dim tensor is passed whole, as itself.
+struct TensorRows {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t row_begin = 0;
+  at::Tensor rows;  ///< a view of the tensor's storage on the device: write into it
+};
+using TensorLoadFn = std::function<void(const TensorRows& rows)>;
+
 struct MaterializeOptions {
   /// Where the parameters are materialised (a rank's shards and whole buffers).
   TDIST_ARG(c10::Device, device) = c10::Device(c10::kCPU);
@@ -78,6 +94,12 @@ struct MaterializeOptions {
   TDIST_ARG(uint64_t, seed) = 0;
   /// Default: reset_builtin_parameters.
   TDIST_ARG(ModuleInitFn, init_fn) = nullptr;
+  /// Loads values instead of initialising them (init_fn and seed are not used): called for
+  /// each meta parameter and buffer with only the rows this rank keeps, so a rank reads and
+  /// holds nothing of the rows other ranks own (Note [Deferred init]; the full tensor's
+  /// other pages are reserved, never touched). Every element of the rows must be set: a
+  /// floating one left NaN is an error naming the tensor.
+  TDIST_ARG(TensorLoadFn, load_fn) = nullptr;
 };
 
 /// Gives every meta parameter and buffer under `model` storage on options.device() and its

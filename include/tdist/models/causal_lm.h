@@ -1,0 +1,50 @@
+#pragma once
+
+// The interface every decoder family implements: token ids in, next-token logits out, its
+// transformer layers listed for fully_shard (one FSDP unit each, as torchtitan shards).
+//
+// Parameter names are Hugging Face's (model.layers.0.self_attn.q_proj.weight,
+// transformer.h.0.attn.c_attn.weight, ...), so a model's state dict and its safetensors
+// files use the same keys and loading is a copy, never a renaming.
+//
+// A layer that fully_shard was applied to is called through tdist::fsdp::forward, so one
+// model serves sharded and unsharded runs; the caller runs the whole model through
+// tdist::fsdp::forward(model, input_ids) when the root is sharded too.
+
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "tdist/models/config.h"
+
+namespace tdist::models {
+
+class CausalLM : public torch::nn::Module {
+ public:
+  ~CausalLM() override = default;
+
+  const ModelConfig& config() const { return config_; }
+
+  /// input_ids [B, T] (integer) -> logits [B, T, vocab_size] in the parameters' dtype.
+  /// T may not exceed max_position_embeddings (InvalidArgument naming both), except with
+  /// dynamic rope scaling, whose purpose is longer sequences.
+  at::Tensor forward(const at::Tensor& input_ids);
+
+  /// The decoder layers in order: the modules fully_shard shards one by one.
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> layers() const = 0;
+
+ protected:
+  CausalLM(const std::string& name, ModelConfig config);
+  virtual at::Tensor logits(const at::Tensor& input_ids) = 0;
+
+ private:
+  ModelConfig config_;
+};
+
+/// transformers' causal LM loss: the logits at position t predict labels[t + 1]; labels of
+/// -100 are ignored; the mean is taken in float32.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+
+}  // namespace tdist::models

@@ -1,0 +1,68 @@
+#pragma once
+
+// The building blocks the decoder families share, each computing what its transformers
+// counterpart computes: RMSNorm (LlamaRMSNorm), Conv1D (GPT-2's transposed linear), the
+// activations config.json names, and causal attention through ATen's
+// scaled_dot_product_attention with grouped-query heads and sliding windows.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace tdist::models {
+
+/// weight * (x / sqrt(mean(x^2) + eps)), the normalisation computed in float32 and cast back
+/// to x's dtype before the weight is applied, as transformers does.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t hidden_size, double eps);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+/// GPT-2's Conv1D: a linear layer whose weight is stored [in, out] (so a GPT-2 checkpoint's
+/// tensors load as they are): x @ weight + bias.
+class Conv1DImpl : public torch::nn::Module {
+ public:
+  Conv1DImpl(int64_t in_features, int64_t out_features);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;  ///< [in, out]
+  at::Tensor bias;    ///< [out]
+};
+TORCH_MODULE(Conv1D);
+
+/// config.json's hidden_act / activation_function: silu (swish), gelu, gelu_new and
+/// gelu_pytorch_tanh (the tanh approximation), relu.
+at::Tensor activation(const std::string& name, const at::Tensor& x);
+
+/// What every decoder layer of one forward shares: the rotary tables (Llama-like families)
+/// and the attention masks, made once per forward rather than once per layer.
+struct LayerContext {
+  at::Tensor cos;  ///< [T, head_dim], in the hidden states' dtype
+  at::Tensor sin;
+  /// Boolean masks [T, T] (true: may attend) by sliding window; window 0 (full causal
+  /// attention) has none and runs SDPA's is_causal path.
+  std::map<int64_t, at::Tensor> window_masks;
+
+  /// Adds the mask of `window` for a sequence of `length` positions on `device`.
+  void add_window(int64_t window, int64_t length, const c10::Device& device);
+};
+
+/// Causal self-attention of q [B, H, T, D] over k, v [B, Hkv, T, D] (H a multiple of Hkv):
+/// SDPA with grouped-query heads, a sliding window (0: none), dropout and the given scale.
+/// Returns [B, T, H * D].
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const LayerContext& context, int64_t window, double dropout,
+                            double scale);
+
+}  // namespace tdist::models

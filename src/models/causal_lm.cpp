@@ -1,0 +1,42 @@
+#include "tdist/models/causal_lm.h"
+
+#include <ATen/ATen.h>
+
+#include "tdist/error.h"
+
+namespace tdist::models {
+
+CausalLM::CausalLM(const std::string& name, ModelConfig config)
+    : torch::nn::Module(name), config_(std::move(config)) {
+  config_.validate();
+}
+
+at::Tensor CausalLM::forward(const at::Tensor& input_ids) {
+  TDIST_CHECK_ARG(input_ids.dim() == 2 && !at::isFloatingType(input_ids.scalar_type()),
+                  "models: input_ids must be an integer tensor [batch, sequence], got " +
+                      std::string(c10::toString(input_ids.scalar_type())) + " " +
+                      c10::str(input_ids.sizes()));
+  const int64_t length = input_ids.size(1);
+  const bool extends = config_.family != ModelFamily::kGPT2 && config_.rope.type == "dynamic";
+  TDIST_CHECK_ARG(length <= config_.max_position_embeddings || extends,
+                  "models: a sequence of " + std::to_string(length) +
+                      " tokens is longer than the model's max_position_embeddings (" +
+                      std::to_string(config_.max_position_embeddings) +
+                      "); split or crop the input");
+  return logits(input_ids);
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  TDIST_CHECK_ARG(logits.dim() == 3 && labels.dim() == 2 && logits.size(0) == labels.size(0) &&
+                      logits.size(1) == labels.size(1),
+                  "causal_lm_loss: logits " + c10::str(logits.sizes()) + " and labels " +
+                      c10::str(labels.sizes()) + " must be [B, T, V] and [B, T]");
+  const int64_t length = logits.size(1);
+  const at::Tensor predicted = logits.narrow(1, 0, length - 1).to(at::kFloat);
+  const at::Tensor targets = labels.narrow(1, 1, length - 1).to(at::kLong);
+  return at::cross_entropy_loss(predicted.reshape({-1, predicted.size(-1)}), targets.reshape({-1}),
+                                /*weight=*/{}, at::Reduction::Mean,
+                                /*ignore_index=*/-100);
+}
+
+}  // namespace tdist::models

@@ -1,0 +1,106 @@
+#include "tdist/models/llama.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "tdist/fsdp/forward.h"
+#include "tdist/models/rotary.h"
+
+namespace tdist::models {
+namespace {
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+}  // namespace
+
+LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& c, int64_t layer_index)
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      window_(c.sliding_windows.at(static_cast<size_t>(layer_index))),
+      dropout_(c.attention_dropout) {
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.o_bias));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const LayerContext& context) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto heads = [&](const at::Tensor& y, int64_t n) {
+    return y.view({b, t, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
+  };
+  const at::Tensor q = apply_rotary(heads(q_proj->forward(x), heads_), context.cos, context.sin);
+  const at::Tensor k = apply_rotary(heads(k_proj->forward(x), kv_heads_), context.cos, context.sin);
+  const at::Tensor v = heads(v_proj->forward(x), kv_heads_);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  const at::Tensor y =
+      causal_attention(q, k, v, context, window_, is_training() ? dropout_ : 0.0, scale);
+  return o_proj->forward(y);
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const ModelConfig& c) : act_(c.hidden_act) {
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  return down_proj->forward(activation(act_, gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelConfig& c, int64_t layer_index) {
+  self_attn = register_module("self_attn", LlamaAttention(c, layer_index));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.norm_eps));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const LayerContext& context) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), context);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const ModelConfig& c) {
+  // transformers gives the embedding the pad token as padding_idx: that row gets no gradient.
+  auto options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id && *c.pad_token_id >= 0 && *c.pad_token_id < c.vocab_size) {
+    options.padding_idx(*c.pad_token_id);
+  }
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(options));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, i));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.norm_eps));
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const ModelConfig& c) : CausalLM(architecture_of(c.family), c) {
+  model = register_module("model", LlamaModel(c));
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+  }
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLM::layers() const {
+  return std::vector<std::shared_ptr<torch::nn::Module>>(model->layers->begin(),
+                                                         model->layers->end());
+}
+
+at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids) {
+  at::Tensor x = model->embed_tokens->forward(input_ids);
+  const int64_t length = input_ids.size(1);
+  LayerContext context;
+  std::tie(context.cos, context.sin) = rope_tables(config(), length, x.device(), x.scalar_type());
+  for (int64_t window : config().sliding_windows) context.add_window(window, length, x.device());
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto layer = model->layers->ptr<LlamaDecoderLayerImpl>(i);
+    x = fsdp::forward(layer, x, context);
+  }
+  x = model->norm->forward(x);
+  return lm_head ? lm_head->forward(x) : at::linear(x, model->embed_tokens->weight);
+}
+
+}  // namespace tdist::models

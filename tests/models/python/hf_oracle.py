@@ -1,0 +1,202 @@
+"""The transformers side of tdist's model-family tests: the oracle, never a copy of its output.
+
+  make CASE DIR            a tiny random model of CASE made by transformers (save_pretrained)
+                           into DIR, with inputs.safetensors (input_ids [2, T]) and
+                           expected.safetensors (fp32 logits of an eval forward)
+  fsdp2_step DIR WORLD     one training step of DIR's model under PyTorch FSDP2 (fully_shard on
+                           each decoder layer, then the root) at WORLD ranks over gloo, rank r
+                           on input row r: writes DIR/fsdp2_step.safetensors with each rank's
+                           loss and every parameter's full gradient
+  check_export DIR REF     loads DIR with AutoModelForCausalLM.from_pretrained; every parameter
+                           must equal REF's tensor of the same name bitwise, and its logits on
+                           DIR/inputs.safetensors must equal REF's "logits" within 1e-5
+Prints "OK <command>" when every check passed.
+"""
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+import transformers
+
+SEQ = 12
+
+# Settings unlike each family's defaults, where the families differ from each other.
+CASES = {
+    # GQA with one KV head, head_dim != hidden / heads, llama3 rope scaling, biases, untied.
+    "llama_gqa_llama3": dict(
+        family="llama", seq=SEQ,
+        config=dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+                    max_position_embeddings=64, rms_norm_eps=1e-5, attention_bias=True,
+                    mlp_bias=True, tie_word_embeddings=False, pad_token_id=0,
+                    rope_parameters=dict(rope_type="llama3", rope_theta=50000.0, factor=4.0,
+                                         low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=16))),
+    # Tied embeddings, linear rope scaling, two KV heads, another activation.
+    "llama_tied_linear": dict(
+        family="llama", seq=SEQ,
+        config=dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=32,
+                    tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
+                    rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    # Dynamic NTK rope over a sequence longer than max_position_embeddings.
+    "llama_dynamic_long": dict(
+        family="llama", seq=24,
+        config=dict(vocab_size=89, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
+                    rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
+    # Sliding window shorter than the sequence, GQA, head_dim != hidden / heads.
+    "mistral_window": dict(
+        family="mistral", seq=16,
+        config=dict(vocab_size=103, hidden_size=48, intermediate_size=72, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=64, sliding_window=5, tie_word_embeddings=False)),
+    # q/k/v biases, sliding attention on layers 1 and up only, tied embeddings.
+    "qwen2_window": dict(
+        family="qwen2", seq=16,
+        config=dict(vocab_size=107, hidden_size=32, intermediate_size=56, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                    tie_word_embeddings=True,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # GPT-2 with per-layer attention scaling and no dropout (so training steps compare).
+    "gpt2_small": dict(
+        family="gpt2", seq=SEQ,
+        config=dict(vocab_size=99, n_embd=48, n_layer=2, n_head=4, n_positions=32,
+                    scale_attn_by_inverse_layer_idx=True, resid_pdrop=0.0, embd_pdrop=0.0,
+                    attn_pdrop=0.0, layer_norm_epsilon=1e-4)),
+    # GPT-2 with its own head, saved in several files with an index.
+    "gpt2_untied_sharded": dict(
+        family="gpt2", seq=SEQ, max_shard_size="20KB",
+        config=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=16,
+                    tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
+                    attn_pdrop=0.0)),
+    # bfloat16 weights in several files with an index.
+    "llama_bf16_sharded": dict(
+        family="llama", seq=SEQ, dtype=torch.bfloat16, max_shard_size="20KB",
+        config=dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)),
+}
+
+CONFIG_CLASSES = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "gpt2": transformers.GPT2Config,
+}
+
+
+def load_model(path, dtype=torch.float32):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def make(case_name, out):
+    case = CASES[case_name]
+    torch.manual_seed(1234)
+    config = CONFIG_CLASSES[case["family"]](**case["config"])
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    # Random norms and biases too, so that a weight loaded in the wrong place shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name or "ln_" in name else 0.0))
+    dtype = case.get("dtype", torch.float32)
+    model = model.to(dtype).eval()
+    model.save_pretrained(out, max_shard_size=case.get("max_shard_size", "5GB"))
+    gen = torch.Generator().manual_seed(99)
+    ids = torch.randint(0, config.vocab_size, (2, case["seq"]), generator=gen)
+    save_file({"input_ids": ids}, os.path.join(out, "inputs.safetensors"))
+    reloaded = load_model(out, dtype)
+    with torch.no_grad():
+        logits = reloaded(ids).logits
+        logits_fp32 = load_model(out, torch.float32)(ids).logits
+    save_file({"logits": logits.float().contiguous(), "logits_fp32": logits_fp32.contiguous()},
+              os.path.join(out, "expected.safetensors"))
+
+
+def fsdp2_rank(rank, world, init_file, path):
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    model = load_model(path)
+    model.train()
+    layers = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ids = load_file(os.path.join(path, "inputs.safetensors"))["input_ids"]
+    loss = model(ids[rank:rank + 1], labels=ids[rank:rank + 1]).loss
+    loss.backward()
+    out = {}
+    for name, p in model.named_parameters():
+        out["grad." + name] = p.grad.full_tensor().contiguous()
+    losses = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(losses, loss.detach().reshape(1))
+    if rank == 0:
+        out["losses"] = torch.cat(losses)
+        save_file(out, os.path.join(path, "fsdp2_step.safetensors"))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # PyTorch 2.11's gloo threads can abort the interpreter's teardown
+
+
+def fsdp2_step(path, world):
+    init_file = os.path.join(tempfile.mkdtemp(), "init")
+    mp.spawn(fsdp2_rank, args=(world, init_file, path), nprocs=world)
+
+
+def check_export(path, ref_path):
+    ref = load_file(ref_path)
+    model = load_model(path, dtype="auto")
+    state = model.state_dict()
+    checked = 0
+    for name, want in ref.items():
+        if name in ("logits",):
+            continue
+        got = state[name]
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            raise SystemExit(f"{name}: transformers loaded {got.dtype} {tuple(got.shape)} "
+                             f"that differs from tdist's {want.dtype} {tuple(want.shape)}")
+        checked += 1
+    if checked != len([n for n in state if n in ref]) or checked == 0:
+        raise SystemExit("no parameters compared")
+    missing = [n for n in state if n not in ref and not n.endswith("lm_head.weight")]
+    if missing:
+        raise SystemExit(f"tdist's reference lacks {missing}")
+    if "logits" in ref:
+        ids = load_file(os.path.join(path, "inputs.safetensors"))["input_ids"]
+        with torch.no_grad():
+            logits = model(ids).logits.float()
+        err = (logits - ref["logits"]).abs().max().item()
+        scale = max(1.0, ref["logits"].abs().max().item())
+        if err > 1e-5 * scale:
+            raise SystemExit(f"logits differ by {err} (scale {scale})")
+    print(f"compared {checked} parameters bitwise")
+
+
+def main():
+    command = sys.argv[1]
+    if command == "make":
+        make(sys.argv[2], sys.argv[3])
+    elif command == "fsdp2_step":
+        fsdp2_step(sys.argv[2], int(sys.argv[3]))
+    elif command == "check_export":
+        check_export(sys.argv[2], sys.argv[3])
+    elif command == "cases":
+        print(" ".join(CASES))
+    else:
+        raise SystemExit("unknown command " + command)
+    print("OK", command)
+
+
+if __name__ == "__main__":
+    main()
