@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 BINARIES=(tests/nccl/test_nccl tests/nccl/test_nccl_cuda tests/nccl/test_gloo_cuda
-          tests/train_cuda/test_train_cuda tests/gpt/test_gpt
+          tests/train_cuda/test_train_cuda tests/gpt/test_gpt tests/models/test_models
           bench/collectives/bench_gpu_collectives bench/train/bench_train)
 targets=()
 for b in "${BINARIES[@]}"; do targets+=("$(basename "$b")"); done

@@ -1,7 +1,6 @@
 #include "tdist/checkpoint/safetensors_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,38 +66,28 @@ std::string range_text(int64_t b, int64_t e) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) bad_file(path, std::string("cannot be opened: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    bad_file(path, std::string("cannot be read: ") + std::strerror(err));
-  }
-  size_ = st.st_size;
-  if (size_ < 8) {
-    ::close(fd);
-    bad_file(path, "is shorter than a safetensors header (" + std::to_string(size_) +
-                       " bytes; truncated?)");
-  }
-  map_ = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    bad_file(path, std::string("cannot be mapped: ") + std::strerror(err));
-  }
-  const auto* bytes = static_cast<const char*>(map_);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes, 8);
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) bad_file(path, std::string("cannot be opened: ") + std::strerror(errno));
   try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0)
+      bad_file(path, std::string("cannot be read: ") + std::strerror(errno));
+    size_ = st.st_size;
+    if (size_ < 8) {
+      bad_file(path, "is shorter than a safetensors header (" + std::to_string(size_) +
+                         " bytes; truncated?)");
+    }
+    uint64_t n = 0;
+    read_exactly(0, &n, 8);
     if (n > kMaxHeader || n > static_cast<uint64_t>(size_ - 8)) {
       bad_file(path, "declares a header of " + std::to_string(n) + " bytes, past the end of the " +
                          std::to_string(size_) + "-byte file (truncated or not safetensors)");
     }
+    std::string text(n, '\0');
+    read_exactly(8, text.data(), static_cast<int64_t>(n));
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
+      header = nlohmann::json::parse(text);
     } catch (const std::exception& e) {
       bad_file(path, std::string("has a header that is not JSON: ") + e.what());
     }
@@ -152,14 +141,29 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       }
     }
   } catch (...) {
-    ::munmap(map_, static_cast<size_t>(size_));
-    map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::read_exactly(int64_t offset, void* out, int64_t size) const {
+  auto* p = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd_, p, static_cast<size_t>(size), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      bad_file(path_, n == 0 ? std::string("ended early (truncated while being read?)")
+                             : std::string("cannot be read: ") + std::strerror(errno));
+    }
+    p += n;
+    offset += n;
+    size -= n;
+  }
 }
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
@@ -187,26 +191,33 @@ void SafetensorsFile::read_rows(const std::string& name, int64_t row_begin,
   if (rows == 0) return;
   int64_t row_elems = 1;
   for (int64_t d : trailing) row_elems *= d;
-  const int64_t item = static_cast<int64_t>(c10::elementSize(e.dtype));
-  const char* src = static_cast<const char*>(map_) + e.data_begin + row_begin * row_elems * item;
-  std::vector<int64_t> shape = trailing;
-  shape.insert(shape.begin(), rows);
-  at::Tensor view;
-  if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(item) == 0) {
-    // The mapped bytes are only read: copy_ never writes its source.
-    view = at::from_blob(const_cast<char*>(src), shape, at::TensorOptions().dtype(e.dtype));
-  } else {  // ATen's kernels assume aligned elements
-    view = at::empty(shape, at::TensorOptions().dtype(e.dtype));
-    std::memcpy(view.data_ptr(), src, static_cast<size_t>(rows * row_elems * item));
-  }
+  const int64_t row_bytes = row_elems * static_cast<int64_t>(c10::elementSize(e.dtype));
+  const int64_t begin = e.data_begin + row_begin * row_bytes;
   at::NoGradGuard no_grad;
-  out.copy_(view.view(out.sizes()));
-  // The rows are copied: their pages leave this process's mapping (the page cache keeps
-  // them), so a rank's resident memory holds its shards, not the file bytes they came from.
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = (reinterpret_cast<uintptr_t>(src) + page - 1) / page * page;
-  const auto end = (reinterpret_cast<uintptr_t>(src) + rows * row_elems * item) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  if (out.is_cpu() && out.is_contiguous() && out.scalar_type() == e.dtype) {
+    // Straight from the page cache into the destination: one copy, as reading the file does.
+    read_exactly(begin, out.data_ptr(), rows * row_bytes);
+    return;
+  }
+  if (!out.is_contiguous()) {  // rows of a strided view: read them whole, then place them
+    at::Tensor whole =
+        at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
+    read_rows(name, row_begin, whole);
+    out.copy_(whole);
+    return;
+  }
+  // Another dtype or device: through a bounce buffer of a few MiB at a time.
+  const at::Tensor flat = out.view({rows, row_elems});
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, (int64_t(8) << 20) / std::max<int64_t>(1, row_bytes));
+  at::Tensor bounce =
+      at::empty({std::min(chunk_rows, rows), row_elems}, at::TensorOptions().dtype(e.dtype));
+  for (int64_t r = 0; r < rows; r += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r);
+    at::Tensor part = bounce.narrow(0, 0, n);
+    read_exactly(begin + r * row_bytes, part.data_ptr(), n * row_bytes);
+    flat.narrow(0, r, n).copy_(part);
+  }
 }
 
 SafetensorsFolder::SafetensorsFolder(const std::string& dir, const std::string& base_name)

@@ -114,9 +114,11 @@ size_t BufferPool::idle_bytes() const {
 FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::TensorOptions& options,
                               const ProcessGroupPtr& group, bool symmetric_allowed) {
   FlatShard shard;
+  bool fresh_shm = false;
   if (options.device().is_cpu() && symmetric_allowed) {
     try {
       shard.tensor = symmetric_memory::empty({numel}, options);
+      fresh_shm = true;
       shard.symmetric = shm_free_bytes() >= 4 * pooled_bytes;
     } catch (const DistBackendError&) {
       shard.tensor = at::Tensor();  // /dev/shm full here: every rank falls back below
@@ -128,8 +130,11 @@ FlatShard allocate_flat_shard(int64_t numel, size_t pooled_bytes, const at::Tens
   if (everyone.item<int>() == 0) {
     shard.symmetric = false;
     shard.tensor = at::empty({numel}, options);
+    fresh_shm = false;
   }
-  shard.tensor.zero_();
+  // A new shared-memory object reads as zeros already (ftruncate + fallocate): zeroing it
+  // again would write every page of the model's shards once more before they are filled.
+  if (!fresh_shm) shard.tensor.zero_();
   return shard;
 }
 

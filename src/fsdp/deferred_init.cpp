@@ -229,10 +229,11 @@ class Materializer {
     for (const auto& t : tensors) any_meta = any_meta || t.tensor.is_meta();
     if (!any_meta) return;
     check_not_shared(owner_, name, tensors);
-    std::vector<at::Tensor> allocated = allocate(name, tensors);
+    const bool loading = static_cast<bool>(options_.load_fn());
+    std::vector<at::Tensor> allocated = allocate(name, tensors, /*skip_deferred=*/loading);
     try {
-      if (options_.load_fn()) {
-        load(name, module, tensors);
+      if (loading) {
+        load(name, tensors);
       } else {
         run_init(options_.init_fn(), generators_, options_.seed(), name, module, tensors);
       }
@@ -243,7 +244,9 @@ class Materializer {
     // Sharded at once: only this module's full parameters are ever held whole.
     for (const auto& t : tensors) {
       auto it = pending_.find(t.tensor.unsafeGetTensorImpl());
-      if (it != pending_.end()) it->second.builder->shard(it->second.index);
+      if (it != pending_.end() && !it->second.builder->sharded(it->second.index)) {
+        it->second.builder->shard(it->second.index);
+      }
     }
   }
 
@@ -271,32 +274,25 @@ class Materializer {
     std::unique_ptr<detail::GroupBuilder> builder;
   };
 
-  // MaterializeOptions::load_fn: each tensor's rows this rank keeps, and no others (the
-  // full tensor's other pages stay untouched, so they are never resident).
-  void load(const std::string& module_name, const torch::nn::Module& module,
-            const std::vector<DirectTensor>& tensors) {
+  // MaterializeOptions::load_fn: a deferred parameter's rows go straight into its shard, so
+  // no full parameter is ever allocated; every other tensor is allocated whole and loaded.
+  void load(const std::string& module_name, const std::vector<DirectTensor>& tensors) {
     at::NoGradGuard no_grad;
     for (const auto& t : tensors) {
-      TensorRows rows{qualified(module_name, t.name), t.tensor.sizes().vec(), 0, t.tensor};
+      const std::string name = qualified(module_name, t.name);
+      const std::vector<int64_t> shape = t.tensor.sizes().vec();
       auto it = pending_.find(t.tensor.unsafeGetTensorImpl());
-      if (it != pending_.end() && t.tensor.dim() > 0) {
-        const ShardLayout layout = ShardLayout::compute(rows.shape, it->second.builder->world(),
-                                                        it->second.builder->rank());
-        if (layout.local_rows == 0) continue;
-        rows.row_begin = layout.row_offset;
-        rows.rows = t.tensor.narrow(0, layout.row_offset, layout.local_rows);
-      } else if (it != pending_.end()) {
-        const ShardLayout layout =
-            ShardLayout::compute({}, it->second.builder->world(), it->second.builder->rank());
-        if (layout.local_rows == 0) continue;
+      if (it == pending_.end()) {
+        if (t.tensor.numel() > 0) options_.load_fn()(TensorRows{name, shape, 0, t.tensor});
+        continue;
       }
-      poison(rows.rows);
-      options_.load_fn()(rows);
-      if (can_hold_nan(rows.rows) && holds_nan(rows.rows)) {
-        TDIST_THROW(InvalidArgument, "materialize: load_fn left NaN in '" + rows.name +
-                                         "' of module '" + module_name + "' (" + module.name() +
-                                         "); it must set every element of the rows it is given");
-      }
+      detail::GroupBuilder& builder = *it->second.builder;
+      const int64_t row_begin =
+          ShardLayout::compute(shape, builder.world(), builder.rank()).row_offset;
+      builder.shard_in_place(it->second.index, [&](const at::Tensor& rows) {
+        const at::Tensor target = shape.empty() ? rows.view({}) : rows;
+        options_.load_fn()(TensorRows{name, shape, row_begin, target});
+      });
     }
   }
 
@@ -323,7 +319,7 @@ class Materializer {
   // literal values under the guard (torch::tensor does not dispatch), e.g. BatchNorm's
   // num_batches_tracked: whole, and initialised with the rest. A shard is not whole: refused.
   std::vector<at::Tensor> allocate(const std::string& name,
-                                   const std::vector<DirectTensor>& tensors) {
+                                   const std::vector<DirectTensor>& tensors, bool skip_deferred) {
     std::vector<at::Tensor> allocated;
     for (const auto& t : tensors) {
       TDIST_CHECK_ARG(sharded_.count(t.tensor.unsafeGetTensorImpl()) == 0,
@@ -333,6 +329,7 @@ class Materializer {
                           "the whole model under MetaDeviceGuard");
       if (!t.tensor.is_meta()) continue;
       const bool transient = pending_.count(t.tensor.unsafeGetTensorImpl()) != 0;
+      if (transient && skip_deferred) continue;
       allocate_in_place(t.tensor, options_.device(), transient);
       allocated.push_back(t.tensor);
     }

@@ -44,14 +44,25 @@ void GroupBuilder::allocate_flat_shard_if_eligible() {
 }
 
 void GroupBuilder::shard(size_t i) {
-  if (!flat_decided_) allocate_flat_shard_if_eligible();
   auto& [name, tensor] = plan_.params[i];
   TDIST_CHECK_ARG(!tensor.is_meta(),
                   "FSDP internal: sharding '" + name + "' while it is still on the meta device");
+  params_[i] =
+      std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy, shard_buffer(i));
+}
+
+void GroupBuilder::shard_in_place(size_t i, const ShardedParam::RowsFill& fill) {
+  auto& [name, tensor] = plan_.params[i];
+  params_[i] = std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy,
+                                              shard_buffer(i), device_, fill);
+}
+
+at::Tensor GroupBuilder::shard_buffer(size_t i) {
+  if (!flat_decided_) allocate_flat_shard_if_eligible();
   const at::Tensor& flat = plan_.config.flat_shard;
+  if (!flat.defined()) return at::Tensor();
   const int64_t numel = (i + 1 < offsets_.size() ? offsets_[i + 1] : total_) - offsets_[i];
-  at::Tensor buffer = flat.defined() ? flat.narrow(0, offsets_[i], numel) : at::Tensor();
-  params_[i] = std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy, buffer);
+  return flat.narrow(0, offsets_[i], numel);
 }
 
 std::unique_ptr<ParamGroup> GroupBuilder::finish(const std::string& label) {

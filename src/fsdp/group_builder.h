@@ -39,6 +39,9 @@ class GroupBuilder {
   /// call allocates the group's flat shard, a collective (Note [Persistent buffers]): every
   /// rank builds its groups in the same order.
   void shard(size_t i);
+  /// Shards parameter i, still a meta tensor, by writing this rank's rows straight into its
+  /// shard (deferred init's loader); the same collective first call as shard().
+  void shard_in_place(size_t i, const ShardedParam::RowsFill& fill);
   bool sharded(size_t i) const { return params_[i] != nullptr; }
   /// The ranks the parameters are sharded over, and this one's place among them.
   int world() const { return world_; }
@@ -48,6 +51,8 @@ class GroupBuilder {
 
  private:
   void allocate_flat_shard_if_eligible();
+  /// Parameter i's slice of the group's flat shard (undefined without one).
+  at::Tensor shard_buffer(size_t i);
 
   GroupPlan plan_;
   c10::Device device_;

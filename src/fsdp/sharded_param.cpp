@@ -11,31 +11,56 @@ ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int ran
                            const ParamPolicy& policy, const at::Tensor& shard_buffer)
     : fqn_(std::move(fqn)), param_(std::move(param)) {
   TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
+  init(world, rank, policy, shard_buffer, param_.device(), nullptr);
+}
+
+ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
+                           const ParamPolicy& policy, const at::Tensor& shard_buffer,
+                           const c10::Device& device, const RowsFill& fill)
+    : fqn_(std::move(fqn)), param_(std::move(param)) {
+  TDIST_CHECK_ARG(param_.defined() && param_.is_meta() && fill,
+                  "FSDP internal: filling the shard of '" + fqn_ + "', which is not a meta tensor");
+  init(world, rank, policy, shard_buffer, device, fill);
+}
+
+void ShardedParam::init(int world, int rank, const ParamPolicy& policy,
+                        const at::Tensor& shard_buffer, const c10::Device& device,
+                        const RowsFill& fill) {
   layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank);
   requires_grad_ = param_.requires_grad();
-  const c10::Device compute = policy.compute_device.value_or(param_.device());
+  const c10::Device compute = policy.compute_device.value_or(device);
   unsharded_options_ =
       param_.options().dtype(policy.param_dtype.value_or(param_.scalar_type())).device(compute);
-  shard_options_ = param_.options();
+  shard_options_ = param_.options().device(device);
   if (policy.offload_to_cpu) {
     shard_options_ = shard_options_.device(c10::kCPU);
     // Page-locked memory needs a CUDA runtime; on a CPU-only run it would only cost.
     if (policy.pin_memory && compute.is_cuda()) shard_options_ = shard_options_.pinned_memory(true);
   }
   at::NoGradGuard no_grad;
-  const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
   padded_shard_ = shard_buffer.defined() ? shard_buffer.view(layout_.padded_shard_shape())
                                          : at::zeros(layout_.padded_shard_shape(), shard_options_);
   if (layout_.local_rows > 0) {
-    padded_shard_.view({layout_.shard_rows, layout_.row_numel})
-        .narrow(0, 0, layout_.local_rows)
-        .copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
+    const at::Tensor rows = padded_shard_.view({layout_.shard_rows, layout_.row_numel})
+                                .narrow(0, 0, layout_.local_rows);
+    if (fill) {
+      fill(rows.view(layout_.local_shape()));
+    } else {
+      const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
+      rows.copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
+    }
   }
   local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
   // Note [Freeing unsharded storage]: shaped now, memory only while unsharded.
   padded_unsharded_ = util::unallocated(layout_.padded_unsharded_shape(), unsharded_options_);
   unsharded_view_ = util::contiguous_alias(padded_unsharded_, layout_.shape, 0);
-  util::set_data_in_place(param_, local_shard_);
+  if (param_.is_meta()) {
+    // Tensor::set_data refuses a meta -> dense change; the TensorImpl's own shallow copy
+    // makes it (as deferred init's allocation does), keeping the autograd metadata.
+    param_.unsafeGetTensorImpl()->shallow_copy_from(local_shard_.getIntrusivePtr());
+  } else {
+    util::set_data_in_place(param_, local_shard_);
+  }
   holds_unsharded_ = false;
 }
 

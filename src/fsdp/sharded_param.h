@@ -26,6 +26,7 @@
 // unsharded gradient arrives in param_dtype. Reduced gradients are converted back to the
 // sharded dtype/device when installed.
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -53,6 +54,14 @@ class ShardedParam {
   /// to hold the padded shard (a slice of the group's flat shard, Note [Persistent buffers]).
   ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
                const ParamPolicy& policy = {}, const at::Tensor& shard_buffer = {});
+
+  /// Writes this rank's rows [local_rows, ...] of a parameter into its shard, in place.
+  using RowsFill = std::function<void(const at::Tensor& rows)>;
+  /// Deferred init's loader (MaterializeOptions::load_fn): `param` is still a meta tensor;
+  /// its shard is made on `device` and `fill` writes this rank's rows straight into it, so
+  /// the full parameter never exists (Note [Deferred init]). Rows fill leaves alone stay 0.
+  ShardedParam(std::string fqn, at::Tensor param, int world, int rank, const ParamPolicy& policy,
+               const at::Tensor& shard_buffer, const c10::Device& device, const RowsFill& fill);
 
   const std::string& fqn() const { return fqn_; }
   const at::Tensor& param() const { return param_; }
@@ -127,6 +136,11 @@ class ShardedParam {
   at::Tensor take_accumulated_unsharded_grad();
 
  private:
+  // Both constructors: options and storage on `device`, then this rank's rows copied from
+  // the full parameter or written by `fill`.
+  void init(int world, int rank, const ParamPolicy& policy, const at::Tensor& shard_buffer,
+            const c10::Device& device, const RowsFill& fill);
+
   static void prefetch_impl(const at::Tensor& t, bool write) {
     const char* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());
     for (int line = 0; line < 4; ++line) {  // a TensorImpl spans ~3-4 cache lines

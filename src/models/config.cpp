@@ -356,6 +356,9 @@ void parse_llama_like(Fields& f, ModelConfig& c) {
   } else {
     c.qkv_bias = c.family == ModelFamily::kQwen2;  // transformers hard-codes both families'
   }
+  if (c.family == ModelFamily::kQwen2 && f.boolean("use_mrope", false)) {
+    f.refuse("use_mrope", "is true: multimodal rotary embeddings (Qwen2-VL) are not implemented");
+  }
   parse_rope(f, c);
   parse_sliding_windows(f, c);
 }

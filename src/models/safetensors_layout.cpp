@@ -56,6 +56,23 @@ std::string file_name(size_t index, size_t count) {
                                    " (check the path, free space and permissions)");
 }
 
+// pwrite of all `size` bytes; closes fd and throws on failure.
+void write_at(int fd, const std::string& path, const void* data, size_t size, off_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, p, size, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      io_error("write", path, err);
+    }
+    p += n;
+    offset += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 ExportLayout plan_export(const std::map<std::string, TensorSpec>& tensors,
@@ -118,19 +135,7 @@ ExportLayout plan_export(const std::map<std::string, TensorSpec>& tensors,
 void create_sized_file(const std::string& path, const PlannedFile& file) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("create", path, errno);
-  const char* p = file.header.data();
-  size_t left = file.header.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      io_error("write", path, err);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
+  write_at(fd, path, file.header.data(), file.header.size(), 0);
   if (::ftruncate(fd, file.size) != 0) {
     const int err = errno;
     ::close(fd);
@@ -145,21 +150,8 @@ void write_rows(const std::string& path, const PlannedTensor& where, int64_t row
   const at::Tensor data = rows.detach().to(at::kCPU, dtype).contiguous();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) io_error("open", path, errno);
-  const char* p = static_cast<const char*>(data.data_ptr());
-  size_t left = data.nbytes();
-  off_t offset = where.data_begin + row_begin * where.row_bytes;
-  while (left > 0) {
-    const ssize_t n = ::pwrite(fd, p, left, offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      io_error("write", path, err);
-    }
-    p += n;
-    offset += n;
-    left -= static_cast<size_t>(n);
-  }
+  write_at(fd, path, data.data_ptr(), data.nbytes(),
+           where.data_begin + row_begin * where.row_bytes);
   ::close(fd);
 }
 

@@ -74,6 +74,28 @@ TEST(ModelConfig, Qwen2SlidingLayersFollowMaxWindowLayersOrLayerTypes) {
   EXPECT_TRUE(ModelConfig::from_json(base).qkv_bias);
 }
 
+TEST(ModelConfig, AcceptsTheHubsQwen25Config) {
+  // Qwen2.5-0.5B's config.json as the Hub ships it.
+  const std::string qwen = R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+    "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+    "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936})";
+  const ModelConfig c = ModelConfig::from_json(qwen);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rope.theta, 1000000.0);
+  EXPECT_EQ(c.sliding_windows, std::vector<int64_t>(24, 0));
+  EXPECT_NEAR(static_cast<double>(c.num_parameters()), 494032768.0, 1.0);
+  EXPECT_NE(error_of([&] {
+              ModelConfig::from_json(with(qwen, "use_mrope", "true"));
+            }).find("field 'use_mrope' is true"),
+            std::string::npos);
+}
+
 TEST(ModelConfig, Gpt2ReadsItsOwnNames) {
   const ModelConfig c = ModelConfig::from_json(
       R"({"model_type": "gpt2", "n_embd": 48, "n_layer": 3, "n_head": 4, "n_positions": 32,

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "oracle.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
@@ -135,4 +136,58 @@ TEST(FSDPStepParity, LossAndGradientsEqualPyTorchFSDP2AtTwo) {
     tdist::testing::expect_all_ok(
         tdist::testing::run_ranks_as_processes("models_fsdp_step", 2, options));
   }
+}
+
+// Loaded into shards with FSDP's bf16 mixed precision (float32 masters, bfloat16 compute,
+// float32 reduction), as the trainer runs: the logits of the float32 model within bf16's
+// rounding, and a backward that leaves float32 gradients on the float32 shards.
+TDIST_SCENARIO(models_mixed_precision) {
+  tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
+  const std::string dir = env_str("MODEL_DIR");
+  const auto policy =
+      tdist::fsdp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  auto model = models::from_pretrained(
+      dir, models::LoadOptions()
+               .dtype(at::kFloat)
+               .fully_shard(true)
+               .fsdp_options(tdist::fsdp::FullyShardOptions().mp_policy(policy)));
+  const at::Tensor ids = inputs_of(dir);
+  const at::Tensor logits = tdist::fsdp::forward(model, ids);
+  EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
+  EXPECT_LE(relative_error(logits.to(at::kFloat),
+                           tensor_from(dir + "/expected.safetensors", "logits_fp32")),
+            3e-2);
+  models::causal_lm_loss(logits, ids).backward();
+  for (const auto& p : model->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.scalar_type(), at::kFloat);
+    EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+  }
+  tdist::destroy_process_group();
+}
+
+TEST(ShardedLoad, Bf16MixedPrecisionAtTwo) {
+  if (!transformers_unavailable().empty()) GTEST_SKIP() << transformers_unavailable();
+  tdist::testing::ProcessOptions options;
+  options.env = {{"MODEL_DIR", oracle_model("llama_gqa_llama3")}};
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("models_mixed_precision", 2, options));
+}
+
+// No oracle needed on the GPU machine: the same folder on the GPU and on the CPU.
+TEST(ModelsOnCuda, LoadsOntoTheGpuAndComputesWhatTheCpuDoes) {
+  if (!tdist::testing::has_gpu()) GTEST_SKIP() << "no GPU: LibTorch sees no CUDA device";
+  const std::string dir = tdist::testing::make_temp_dir("hf-cuda") + "/model";
+  const auto config = models::ModelConfig::from_json(
+      R"({"model_type": "qwen2", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "use_sliding_window": true, "sliding_window": 5, "max_window_layers": 1})");
+  torch::manual_seed(5);
+  models::save_pretrained(*models::build_model(config), dir);
+  auto cpu = models::from_pretrained(dir);
+  auto gpu = models::from_pretrained(dir, models::LoadOptions().device(at::Device(at::kCUDA, 0)));
+  EXPECT_TRUE(gpu->parameters()[0].is_cuda());
+  const at::Tensor ids = at::randint(0, 97, {2, 16}, at::kLong);
+  torch::NoGradGuard no_grad;
+  EXPECT_LE(relative_error(gpu->forward(ids.cuda()).cpu(), cpu->forward(ids)), 1e-4);
 }

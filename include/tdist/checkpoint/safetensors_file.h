@@ -1,8 +1,10 @@
 #pragma once
 
-// Memory-mapped safetensors, read a row range at a time: what loading a model folder into
-// FSDP shards needs, where each rank copies only the rows of its own shards and converts
-// their dtype on the way, and never reads a whole tensor it does not own.
+// safetensors read a row range at a time: what loading a model folder into FSDP shards
+// needs, where each rank reads only the rows of its own shards, converting their dtype on the
+// way, and never a whole tensor it does not own. Rows go from the file straight into the
+// destination when dtypes match (pread: one copy out of the page cache, nothing mapped, so
+// a rank's resident memory is what it keeps), else through a bounce buffer of a few MiB.
 //
 // A file's header is validated when it is opened, before any tensor is read: its length,
 // its JSON, each entry's dtype and shape, and its data offsets, which must match the
@@ -29,7 +31,7 @@ struct SafetensorsEntry {
   int64_t nbytes = 0;
 };
 
-/// One safetensors file, mapped read-only for as long as the object lives.
+/// One safetensors file, open for reading for as long as the object lives.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -50,8 +52,10 @@ class SafetensorsFile {
   void read_rows(const std::string& name, int64_t row_begin, const at::Tensor& out) const;
 
  private:
+  void read_exactly(int64_t offset, void* out, int64_t size) const;
+
   std::string path_;
-  void* map_ = nullptr;
+  int fd_ = -1;
   int64_t size_ = 0;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;

@@ -95,10 +95,10 @@ struct MaterializeOptions {
   /// Default: reset_builtin_parameters.
   TDIST_ARG(ModuleInitFn, init_fn) = nullptr;
   /// Loads values instead of initialising them (init_fn and seed are not used): called for
-  /// each meta parameter and buffer with only the rows this rank keeps, so a rank reads and
-  /// holds nothing of the rows other ranks own (Note [Deferred init]; the full tensor's
-  /// other pages are reserved, never touched). Every element of the rows must be set: a
-  /// floating one left NaN is an error naming the tensor.
+  /// each meta parameter and buffer with only the rows this rank keeps. A deferred
+  /// parameter's rows are its shard's own storage, so the full parameter is never allocated
+  /// and a rank holds nothing of the rows other ranks own. The loader must write every
+  /// element of the rows it is given (those it leaves hold 0).
   TDIST_ARG(TensorLoadFn, load_fn) = nullptr;
 };
 

@@ -10,13 +10,14 @@
 //
 // Note [Loading into shards]
 // from_pretrained builds the model on the meta device, applies fully_shard to every decoder
-// layer and then the root (when asked), and materializes it with a loader that copies from
-// the memory-mapped safetensors only the rows of this rank's shards, converting their dtype
-// on the way (tdist::fsdp::MaterializeOptions::load_fn). A rank never holds a full
-// parameter it does not own: its peak is its shards plus the pages of one module's tensors
-// it touches. Every tensor's name and shape are checked against the model before any is
-// read: a missing, extra or misshapen tensor is an error naming it, its file and the
-// config fields that give its shape.
+// layer and then the root (when asked), and materializes it with a loader
+// (tdist::fsdp::MaterializeOptions::load_fn) that reads from the safetensors only the rows of
+// this rank's shards, straight into the shards' own storage, converting their dtype on the
+// way (tdist::checkpoint::SafetensorsFile::read_rows). No rank ever holds a full parameter
+// or a file page it does not keep: its peak is its shards (bench/RESULTS.md, "Models").
+// Every tensor's name and shape are checked against the model before any is read: a
+// missing, extra or misshapen tensor is an error naming it, its file and the config fields
+// that give its shape.
 //
 // Note [Saving from shards]
 // save_pretrained lays out the files first (transformers' split: tensors in name order, a
