@@ -39,6 +39,9 @@ find_package(Gloo REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenSSL REQUIRED)
 find_package(nlohmann_json REQUIRED)
+# PCRE2: the Unicode regexes of the tokenizers' pre-tokenizers (libpcre2-dev).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 set(TDIST_HAVE_MPI OFF)
 if(TDIST_WITH_MPI)

@@ -27,8 +27,12 @@ std::string transformers_unavailable() {
 }
 
 std::string run_oracle(const std::vector<std::string>& args) {
+  return run_oracle_script(HF_ORACLE_PY, args);
+}
+
+std::string run_oracle_script(const std::string& script, const std::vector<std::string>& args) {
   const std::string dir = make_temp_dir("hf-oracle");
-  std::string cmd = test_python() + " " + HF_ORACLE_PY;
+  std::string cmd = test_python() + " " + script;
   for (const auto& a : args) cmd += " '" + a + "'";
   cmd += " >" + dir + "/out.txt 2>&1";
   const int rc = std::system(cmd.c_str());

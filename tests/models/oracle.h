@@ -15,6 +15,8 @@ std::string transformers_unavailable();
 
 /// Runs hf_oracle.py with `args`; returns its output, failing the test unless it ends "OK".
 std::string run_oracle(const std::vector<std::string>& args);
+/// The same for another oracle script.
+std::string run_oracle_script(const std::string& script, const std::vector<std::string>& args);
 
 /// The folder of a model the oracle made for `case_name`, made once per test process.
 std::string oracle_model(const std::string& case_name);
