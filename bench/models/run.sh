@@ -6,6 +6,8 @@
 #   sh bench/models/run.sh [build-dir] --smoke      a tiny model per family, one step a side
 #   sh bench/models/run.sh [build-dir] --load DIR   a ~1B Llama (made in DIR once) loaded into
 #                                                   FSDP shards at world 2: time and peak memory
+#   sh bench/models/run.sh [build-dir] --tokenizer  tokenizer encode / decode on one thread
+#                                                   against Python tokenizers (the bundled corpus)
 # Exits 1 when the two sides' losses disagree (what is timed is then not the same model).
 set -eu
 build=${1:-build}
@@ -21,6 +23,38 @@ if [ "$mode" = "--load" ]; then
   [ -f "$dir/model.safetensors.index.json" ] || "$python" "$here/models_bench.py" large "$dir"
   exec "$build/tools/tdistrun/tdistrun" --standalone --nproc-per-node 2 \
     "$bin/bench_model_load" "$dir"
+fi
+
+if [ "$mode" = "--tokenizer" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  "$python" "$here/../../tests/models/python/tokenizer_oracle.py" make "$work" "$here/../../data/kjv.txt" >/dev/null
+  for kind in gpt2 llama3 qwen2; do
+    t=$("$bin/bench_tokenizer" "$work/$kind.json" "$here/../../data/kjv.txt" 5)
+    p=$("$python" "$here/tokenizer_bench.py" "$work/$kind.json" "$here/../../data/kjv.txt" 5)
+    echo "$kind $t" >> "$work/rows"
+    echo "$kind $p" >> "$work/rows"
+  done
+  exec "$python" - "$work/rows" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    kind, text = line.split(" ", 1)
+    r = json.loads(text)
+    rows[(kind, r["impl"])] = r
+print("%-8s %8s %16s %16s %8s %16s %16s %8s %s" % ("kind", "tokens", "tdist enc tok/s", "tokenizers",
+      "ratio", "tdist dec tok/s", "tokenizers", "ratio", "same ids"))
+ok = True
+for kind in ("gpt2", "llama3", "qwen2"):
+    t, p = rows[(kind, "tdist")], rows[(kind, "tokenizers")]
+    same = t["checksum"] == p["checksum"] and t["tokens"] == p["tokens"]
+    ok = ok and same
+    print("%-8s %8d %16.0f %16.0f %8.2f %16.0f %16.0f %8.2f %s" % (kind, t["tokens"],
+          t["encode_tokens_per_s"], p["encode_tokens_per_s"], t["encode_tokens_per_s"] / p["encode_tokens_per_s"],
+          t["decode_tokens_per_s"], p["decode_tokens_per_s"], t["decode_tokens_per_s"] / p["decode_tokens_per_s"],
+          "yes" if same else "NO"))
+sys.exit(0 if ok else 1)
+PY
 fi
 
 if [ "$mode" = "--smoke" ]; then

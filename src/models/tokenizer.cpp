@@ -124,9 +124,12 @@ struct Regex {
   void split_isolated(std::string_view text, std::vector<std::string_view>& out) const {
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
     size_t start = 0, last = 0;
+    // PCRE2 checks the whole subject is UTF-8 on each call unless told not to: once is enough.
+    uint32_t options = 0;
     while (start <= text.size()) {
       const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
-                                 start, 0, md, nullptr);
+                                 start, options, md, nullptr);
+      options = PCRE2_NO_UTF_CHECK;
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         pcre2_match_data_free(md);
