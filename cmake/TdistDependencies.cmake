@@ -42,6 +42,8 @@ find_package(nlohmann_json REQUIRED)
 # PCRE2: the Unicode regexes of the tokenizers' pre-tokenizers (libpcre2-dev).
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# SentencePiece: Llama 2's and Mistral's tokenizer.model (libsentencepiece-dev).
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 
 set(TDIST_HAVE_MPI OFF)
 if(TDIST_WITH_MPI)

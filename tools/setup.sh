@@ -25,6 +25,7 @@ PACKAGES=(
   libssl-dev              # HMAC-SHA256 store authentication, checkpoint checksums
   nlohmann-json3-dev libcli11-dev
   libpcre2-dev            # Unicode regexes of the tokenizers' pre-tokenizers
+  libsentencepiece-dev    # SentencePiece tokenizer.model (Llama 2, Mistral)
   libgtest-dev libgmock-dev googletest
   clang                   # the store's libFuzzer target
   iproute2 util-linux     # network- and UTS-namespace tests (ip netns, unshare)

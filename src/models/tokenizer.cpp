@@ -4,6 +4,7 @@
 #include "tdist/models/tokenizer.h"
 
 #include <pcre2.h>
+#include <sentencepiece_processor.h>
 
 #include <fstream>
 #include <limits>
@@ -194,6 +195,8 @@ struct Tokenizer::State {
   std::vector<int64_t> prefix, suffix;  // TemplateProcessing's single sequence
   std::vector<bool> special;            // by id
   bool added_first_byte[256] = {};      // bytes an added token may start with
+  // A SentencePiece tokenizer.model (Llama 2, Mistral) is encoded by the library itself.
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece;
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache;
 
@@ -376,7 +379,40 @@ void read_post_processor(const json& post, Tokenizer::State& s) {
 
 }  // namespace
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// tokenizer.model: the SentencePiece library, with its BOS when special tokens are asked for
+// (as Llama 2's and Mistral's tokenizer_config.json set add_bos_token).
+std::unique_ptr<Tokenizer::State> read_sentencepiece(const std::string& path) {
+  auto s = std::make_unique<Tokenizer::State>();
+  s->where = "'" + path + "'";
+  s->sentencepiece = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = s->sentencepiece->Load(path);
+  if (!status.ok()) {
+    TDIST_THROW(InvalidArgument, "tokenizer: " + s->where + " is not a SentencePiece model (" +
+                                     status.ToString() + ")");
+  }
+  const int size = s->sentencepiece->GetPieceSize();
+  s->id_to_token.resize(static_cast<size_t>(size));
+  s->special.assign(static_cast<size_t>(size), false);
+  for (int id = 0; id < size; ++id) {
+    s->id_to_token[static_cast<size_t>(id)] = s->sentencepiece->IdToPiece(id);
+    s->special[static_cast<size_t>(id)] =
+        s->sentencepiece->IsControl(id) || s->sentencepiece->IsUnknown(id);
+  }
+  if (s->sentencepiece->bos_id() >= 0) s->prefix.push_back(s->sentencepiece->bos_id());
+  return s;
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_file(const std::string& path) {
+  if (ends_with(path, ".model")) return Tokenizer(read_sentencepiece(path));
   std::ifstream in(path);
   if (!in) TDIST_THROW(InvalidArgument, "tokenizer: cannot read '" + path + "'");
   auto s = std::make_unique<State>();
@@ -422,6 +458,14 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_special
   const State& s = *state_;
   std::vector<int64_t> out;
   if (add_special_tokens) out = s.prefix;
+  if (s.sentencepiece) {
+    std::vector<int> ids;
+    const auto status = s.sentencepiece->Encode(text, &ids);
+    TDIST_CHECK_ARG(status.ok(), "tokenizer: SentencePiece could not encode the text (" +
+                                     status.ToString() + ")");
+    out.insert(out.end(), ids.begin(), ids.end());
+    return out;
+  }
   // Added tokens first, leftmost-longest; lstrip / rstrip take the spaces beside them.
   size_t start = 0, i = 0;
   while (i < text.size()) {
@@ -458,6 +502,22 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_special
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
   const State& s = *state_;
+  if (s.sentencepiece) {
+    std::vector<int> kept;
+    for (int64_t id : ids) {
+      TDIST_CHECK_ARG(id >= 0 && id < vocab_size(), "tokenizer: id " + std::to_string(id) +
+                                                        " is outside the vocabulary of " +
+                                                        std::to_string(vocab_size()));
+      if (!(skip_special_tokens && s.special[static_cast<size_t>(id)])) {
+        kept.push_back(static_cast<int>(id));
+      }
+    }
+    std::string text;
+    const auto status = s.sentencepiece->Decode(kept, &text);
+    TDIST_CHECK_ARG(status.ok(),
+                    "tokenizer: SentencePiece could not decode (" + status.ToString() + ")");
+    return text;
+  }
   const ByteMap& map = byte_map();
   std::string bytes;
   for (int64_t id : ids) {
@@ -491,6 +551,13 @@ int64_t Tokenizer::vocab_size() const {
 }
 
 std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
+  if (state_->sentencepiece) {
+    const int id = state_->sentencepiece->PieceToId(token);
+    if (id == state_->sentencepiece->unk_id() && token != state_->sentencepiece->IdToPiece(id)) {
+      return std::nullopt;
+    }
+    return id;
+  }
   for (const auto& a : state_->added) {
     if (a.content == token) return a.id;
   }

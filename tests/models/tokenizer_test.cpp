@@ -1,5 +1,6 @@
-// Byte-level BPE tokenizers against Python's `tokenizers`: three tokenizers trained on the
-// bundled corpus in GPT-2's, Llama 3's and Qwen2's pre-tokenization, token for token on the
+// Tokenizers against Python's `tokenizers` and `sentencepiece`: three byte-level BPE
+// tokenizers trained on the bundled corpus in GPT-2's, Llama 3's and Qwen2's
+// pre-tokenization and a SentencePiece BPE model with byte fallback, token for token on the
 // corpus and a Unicode stress text; and what tokenizer.json may hold that tdist refuses.
 
 #include <fstream>
@@ -42,7 +43,8 @@ TEST_P(TokenizerParity, EncodeAndDecodeEqualTokenizers) {
     GTEST_SKIP() << tdist::testing::transformers_unavailable();
   }
   const std::string& dir = oracle_dir();
-  const Tokenizer tok = Tokenizer::from_file(dir + "/" + GetParam() + ".json");
+  const Tokenizer tok = Tokenizer::from_file(dir + "/" + GetParam() +
+                                             (GetParam() == "sentencepiece" ? ".model" : ".json"));
   const auto expected = nlohmann::json::parse(read(dir + "/expected.json")).at(GetParam());
   ASSERT_GE(expected.size(), 9u);
   for (const auto& row : expected) {
@@ -58,7 +60,8 @@ TEST_P(TokenizerParity, EncodeAndDecodeEqualTokenizers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerParity, ::testing::Values("gpt2", "llama3", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Kinds, TokenizerParity,
+                         ::testing::Values("gpt2", "llama3", "qwen2", "sentencepiece"));
 
 TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   const std::string dir = tdist::testing::make_temp_dir("tok-bad");
@@ -87,6 +90,10 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
             }).find("is not a tokenizer.json"),
             std::string::npos);
   EXPECT_NE(error_of([&] { Tokenizer::from_file(dir + "/missing.json"); }).find("cannot read"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Tokenizer::from_file(write("t.model", "not a model"));
+            }).find("is not a SentencePiece model"),
             std::string::npos);
   const Tokenizer tok = Tokenizer::from_file(write("ok.json", "{" + bpe + "}"));
   EXPECT_EQ(tok.vocab_size(), 1);

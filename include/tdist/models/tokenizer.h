@@ -21,8 +21,9 @@ namespace tdist::models {
 
 class Tokenizer {
  public:
-  /// Reads a tokenizer.json; throws InvalidArgument naming the file and the field it does
-  /// not implement.
+  /// Reads a tokenizer.json, or a SentencePiece tokenizer.model (Llama 2, Mistral; encoded
+  /// by the SentencePiece library, BOS added with add_special_tokens); throws
+  /// InvalidArgument naming the file and the field it does not implement.
   static Tokenizer from_file(const std::string& path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;

@@ -1,8 +1,10 @@
-"""The Python `tokenizers` side of tdist's tokenizer tests: byte-level BPE tokenizers trained
-here on the bundled corpus, in GPT-2's, Llama 3's and Qwen2's pre-tokenization, and what
-`tokenizers` makes of a Unicode stress text and of the corpus.
+"""The Python `tokenizers` / `sentencepiece` side of tdist's tokenizer tests: byte-level BPE
+tokenizers trained here on the bundled corpus, in GPT-2's, Llama 3's and Qwen2's
+pre-tokenization, a SentencePiece BPE model with byte fallback (as Llama 2's), and what the
+libraries make of a Unicode stress text and of the corpus.
 
-  make DIR CORPUS   writes DIR/<kind>.json (tokenizer.json) for each kind, and
+  make DIR CORPUS   writes DIR/<kind>.json (tokenizer.json) for each kind,
+                    DIR/sentencepiece.model, and
                     DIR/expected.json: {kind: [{"text", "ids", "ids_plain", "decoded"}]}
 Prints "OK make".
 """
@@ -57,6 +59,29 @@ def train(kind, corpus):
     return tok
 
 
+def sentencepiece_rows(out, corpus, sample):
+    """A BPE tokenizer.model with byte fallback, as Llama 2's and Mistral's are."""
+    import io
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model,
+                                   vocab_size=1000, model_type="bpe", byte_fallback=True,
+                                   character_coverage=0.9995, num_threads=1,
+                                   minloglevel=2)
+    path = os.path.join(out, "sentencepiece.model")
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    sp = spm.SentencePieceProcessor(model_file=path)
+    rows = []
+    for t in sample:
+        plain = sp.encode(t)
+        ids = [sp.bos_id()] + plain
+        rows.append({"text": t, "ids": ids, "ids_plain": plain, "decoded": sp.decode(ids),
+                     "decoded_skip": sp.decode(plain)})
+    return rows
+
+
 def main():
     command, out, corpus_path = sys.argv[1], sys.argv[2], sys.argv[3]
     assert command == "make"
@@ -75,6 +100,7 @@ def main():
                          "decoded": tok.decode(ids, skip_special_tokens=False),
                          "decoded_skip": tok.decode(ids, skip_special_tokens=True)})
         expected[kind] = rows
+    expected["sentencepiece"] = sentencepiece_rows(out, corpus, sample)
     with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(expected, f, ensure_ascii=False)
     print("OK make")
