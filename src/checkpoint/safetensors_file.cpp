@@ -98,7 +98,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (name == "__metadata__") {
         if (!item.is_object()) bad_file(path, "has a __metadata__ that is not an object");
         for (const auto& [k, v] : item.items()) {
-          if (v.is_string()) metadata_[k] = v.get<std::string>();
+          if (!v.is_string()) {
+            bad_file(path, "has a __metadata__ value that is not a string ('" + k + "')");
+          }
+          metadata_[k] = v.get<std::string>();
         }
         continue;
       }

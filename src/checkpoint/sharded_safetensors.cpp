@@ -2,13 +2,12 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <set>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.h"
+#include "tdist/checkpoint/safetensors_file.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
@@ -62,10 +61,6 @@ void check_same_plan_everywhere(const std::vector<TensorMap>& shards) {
   }
 }
 
-[[noreturn]] void bad_index(const std::string& path, const std::string& why) {
-  TDIST_THROW(CheckpointError, "load_safetensors_sharded: '" + path + "': " + why);
-}
-
 }  // namespace
 
 std::vector<std::string> save_safetensors_sharded(const TensorMap& tensors, const std::string& dir,
@@ -110,49 +105,16 @@ std::vector<std::string> save_safetensors_sharded(const TensorMap& tensors, cons
   return written;
 }
 
+// SafetensorsFolder checks the index against its shards (a missing shard, a tensor the index
+// places in a file that lacks it, or a shard holding tensors the index does not place there).
 TensorMap load_safetensors_sharded(const std::string& dir, const std::string& base_name) {
-  const fs::path index_path = fs::path(dir) / (base_name + ".safetensors.index.json");
-  const fs::path single = fs::path(dir) / (base_name + ".safetensors");
-  if (!fs::exists(index_path)) {
-    if (fs::exists(single)) return load_safetensors(single.string());
-    TDIST_THROW(CheckpointError, "load_safetensors_sharded: '" + dir + "' holds neither " +
-                                     index_path.filename().string() + " nor " +
-                                     single.filename().string());
-  }
-  nlohmann::json index;
-  try {
-    std::ifstream in(index_path);
-    index = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    bad_index(index_path.string(), std::string("not JSON: ") + e.what());
-  }
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-    bad_index(index_path.string(), "no \"weight_map\" object");
-  }
-  std::map<std::string, std::set<std::string>> names_by_file;
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string())
-      bad_index(index_path.string(), "the file of '" + name + "' is not a string");
-    const std::string f = file.get<std::string>();
-    if (f.find('/') != std::string::npos || f == ".." || f.empty()) {
-      bad_index(index_path.string(), "'" + f + "' is not a file name in the directory");
-    }
-    names_by_file[f].insert(name);
-  }
+  const SafetensorsFolder folder(dir, base_name);
   TensorMap out;
-  for (const auto& [file, names] : names_by_file) {
-    const fs::path path = fs::path(dir) / file;
-    if (!fs::exists(path)) {
-      bad_index(index_path.string(), "names shard '" + file + "', which is missing");
-    }
-    TensorMap shard = load_safetensors(path.string());
-    for (const auto& name : names) {
-      auto it = shard.find(name);
-      if (it == shard.end()) {
-        bad_index(index_path.string(), "says '" + name + "' is in '" + file + "', which lacks it");
-      }
-      out[name] = std::move(it->second);
-    }
+  for (const auto& name : folder.names()) {
+    const SafetensorsEntry& entry = folder.entry(name);
+    at::Tensor t = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+    folder.read_rows(name, 0, t);
+    out[name] = std::move(t);
   }
   return out;
 }

@@ -21,7 +21,6 @@
 #include "fsdp/registry.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/fully_shard.h"
-#include "tdist/fsdp/shard_layout.h"
 #include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
@@ -286,13 +285,11 @@ class Materializer {
         if (t.tensor.numel() > 0) options_.load_fn()(TensorRows{name, shape, 0, t.tensor});
         continue;
       }
-      detail::GroupBuilder& builder = *it->second.builder;
-      const int64_t row_begin =
-          ShardLayout::compute(shape, builder.world(), builder.rank()).row_offset;
-      builder.shard_in_place(it->second.index, [&](const at::Tensor& rows) {
-        const at::Tensor target = shape.empty() ? rows.view({}) : rows;
-        options_.load_fn()(TensorRows{name, shape, row_begin, target});
-      });
+      it->second.builder->shard_in_place(
+          it->second.index, [&](const at::Tensor& rows, int64_t row_begin) {
+            const at::Tensor target = shape.empty() ? rows.view({}) : rows;
+            options_.load_fn()(TensorRows{name, shape, row_begin, target});
+          });
     }
   }
 

@@ -43,9 +43,6 @@ class GroupBuilder {
   /// shard (deferred init's loader); the same collective first call as shard().
   void shard_in_place(size_t i, const ShardedParam::RowsFill& fill);
   bool sharded(size_t i) const { return params_[i] != nullptr; }
-  /// The ranks the parameters are sharded over, and this one's place among them.
-  int world() const { return world_; }
-  int rank() const { return rank_; }
   /// The group; every parameter must have been sharded.
   std::unique_ptr<ParamGroup> finish(const std::string& label);
 

@@ -44,7 +44,7 @@ void ShardedParam::init(int world, int rank, const ParamPolicy& policy,
     const at::Tensor rows = padded_shard_.view({layout_.shard_rows, layout_.row_numel})
                                 .narrow(0, 0, layout_.local_rows);
     if (fill) {
-      fill(rows.view(layout_.local_shape()));
+      fill(rows.view(layout_.local_shape()), layout_.row_offset);
     } else {
       const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
       rows.copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));

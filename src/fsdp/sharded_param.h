@@ -55,8 +55,9 @@ class ShardedParam {
   ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
                const ParamPolicy& policy = {}, const at::Tensor& shard_buffer = {});
 
-  /// Writes this rank's rows [local_rows, ...] of a parameter into its shard, in place.
-  using RowsFill = std::function<void(const at::Tensor& rows)>;
+  /// Writes this rank's rows [local_rows, ...] of a parameter, the rows from `row_offset` on
+  /// of the whole parameter, into its shard, in place.
+  using RowsFill = std::function<void(const at::Tensor& rows, int64_t row_offset)>;
   /// Deferred init's loader (MaterializeOptions::load_fn): `param` is still a meta tensor;
   /// its shard is made on `device` and `fill` writes this rank's rows straight into it, so
   /// the full parameter never exists (Note [Deferred init]). Rows fill leaves alone stay 0.

@@ -9,16 +9,9 @@
 #include "tdist/models/gpt2.h"
 #include "tdist/models/llama.h"
 #include "tdist/models/pretrained.h"
+#include "tdist/util/text.h"
 
 namespace tdist::models {
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
 
 std::shared_ptr<CausalLM> build_model(const ModelConfig& config) {
   if (config.family == ModelFamily::kGPT2) return std::make_shared<GPT2LMHeadModel>(config);
@@ -45,7 +38,7 @@ fsdp::ModuleInitFn init_weights_fn(const ModelConfig& config) {
       if (auto pad = embedding->options.padding_idx()) embedding->weight[*pad].zero_();
     } else if (auto* conv = module.as<Conv1DImpl>()) {
       // GPT-2's residual projections, scaled for the depth of the residual stream.
-      conv->weight.normal_(0.0, gpt2 && ends_with(name, "c_proj") ? residual_std : std_dev);
+      conv->weight.normal_(0.0, gpt2 && util::ends_with(name, "c_proj") ? residual_std : std_dev);
       conv->bias.zero_();
     } else if (!module.named_parameters(/*recurse=*/false).is_empty()) {
       TDIST_THROW(InvalidArgument, "init_weights_fn: module '" + name + "' (" + module.name() +

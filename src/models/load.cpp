@@ -9,14 +9,10 @@
 #include "tdist/error.h"
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/models/pretrained.h"
+#include "tdist/util/text.h"
 
 namespace tdist::models {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string shape_text(c10::IntArrayRef shape) {
   return c10::str(shape);
@@ -39,8 +35,8 @@ std::string shape_fields(const ModelConfig& c) {
 // Tensors transformers also skips: buffers older exports saved (rotary inverse frequencies,
 // GPT-2's causal-mask buffers) and the head of a model whose head is the embedding.
 bool skipped_on_load(const ModelConfig& config, const std::string& name) {
-  if (ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".attn.bias") ||
-      ends_with(name, ".attn.masked_bias")) {
+  if (util::ends_with(name, "rotary_emb.inv_freq") || util::ends_with(name, ".attn.bias") ||
+      util::ends_with(name, ".attn.masked_bias")) {
     return true;
   }
   return config.tie_word_embeddings && name == "lm_head.weight";

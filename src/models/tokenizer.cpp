@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tdist/error.h"
+#include "tdist/util/text.h"
 
 namespace tdist::models {
 namespace {
@@ -377,15 +378,6 @@ void read_post_processor(const json& post, Tokenizer::State& s) {
   }
 }
 
-}  // namespace
-
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // tokenizer.model: the SentencePiece library, with its BOS when special tokens are asked for
 // (as Llama 2's and Mistral's tokenizer_config.json set add_bos_token).
 std::unique_ptr<Tokenizer::State> read_sentencepiece(const std::string& path) {
@@ -412,7 +404,7 @@ std::unique_ptr<Tokenizer::State> read_sentencepiece(const std::string& path) {
 }  // namespace
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  if (ends_with(path, ".model")) return Tokenizer(read_sentencepiece(path));
+  if (util::ends_with(path, ".model")) return Tokenizer(read_sentencepiece(path));
   std::ifstream in(path);
   if (!in) TDIST_THROW(InvalidArgument, "tokenizer: cannot read '" + path + "'");
   auto s = std::make_unique<State>();

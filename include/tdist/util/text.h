@@ -1,13 +1,19 @@
 #pragma once
 
-// Lists inside error messages and descriptions ("ranks 0, 2", "known backends: gloo, mpi"),
-// written one way across the areas.
+// Text helpers shared across the areas: lists inside error messages and descriptions
+// ("ranks 0, 2", "known backends: gloo, mpi"), written one way, and suffix tests.
 
 #include <sstream>
 #include <string>
 #include <vector>
 
 namespace tdist::util {
+
+/// Whether `s` ends with `suffix`.
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
 /// `values` written with operator<< and separated by `separator`: join({0, 2}) is "0, 2".
 template <typename T>
