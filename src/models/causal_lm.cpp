@@ -11,19 +11,29 @@ CausalLM::CausalLM(const std::string& name, ModelConfig config)
   config_.validate();
 }
 
-at::Tensor CausalLM::forward(const at::Tensor& input_ids) {
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, KVCache* cache) {
   TDIST_CHECK_ARG(input_ids.dim() == 2 && !at::isFloatingType(input_ids.scalar_type()),
                   "models: input_ids must be an integer tensor [batch, sequence], got " +
                       std::string(c10::toString(input_ids.scalar_type())) + " " +
                       c10::str(input_ids.sizes()));
-  const int64_t length = input_ids.size(1);
+  const int64_t cached = cache != nullptr ? cache->length() : 0;
+  const int64_t length = cached + input_ids.size(1);
   const bool extends = config_.family != ModelFamily::kGPT2 && config_.rope.type == "dynamic";
   TDIST_CHECK_ARG(length <= config_.max_position_embeddings || extends,
                   "models: a sequence of " + std::to_string(length) +
-                      " tokens is longer than the model's max_position_embeddings (" +
+                      (cached > 0 ? " tokens (" + std::to_string(cached) + " cached)" : " tokens") +
+                      " is longer than the model's max_position_embeddings (" +
                       std::to_string(config_.max_position_embeddings) +
                       "); split or crop the input");
-  return logits(input_ids);
+  return logits(input_ids, cache);
+}
+
+LayerContext CausalLM::layer_context(KVCache* cache) const {
+  LayerContext context;
+  context.cache = cache;
+  context.past = cache != nullptr ? cache->length() : 0;
+  context.num_layers = config_.num_hidden_layers;
+  return context;
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {

@@ -20,7 +20,8 @@ torch::nn::LayerNorm layer_norm(const ModelConfig& c) {
 }  // namespace
 
 GPT2AttentionImpl::GPT2AttentionImpl(const ModelConfig& c, int64_t layer_index)
-    : heads_(c.num_attention_heads),
+    : layer_index_(layer_index),
+      heads_(c.num_attention_heads),
       head_dim_(c.head_dim),
       attn_dropout_(c.attention_dropout),
       resid_dropout_(c.residual_dropout) {
@@ -36,7 +37,8 @@ at::Tensor GPT2AttentionImpl::forward(const at::Tensor& x, const LayerContext& c
   auto heads = [&](const at::Tensor& y) {
     return y.view({b, t, heads_, head_dim_}).transpose(1, 2);
   };
-  const at::Tensor y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), context, 0,
+  const auto [k, v] = context.keys_values(layer_index_, heads(qkv[1]), heads(qkv[2]));
+  const at::Tensor y = causal_attention(heads(qkv[0]), k, v, context, 0,
                                         is_training() ? attn_dropout_ : 0.0, scale_);
   return maybe_dropout(c_proj->forward(y), resid_dropout_, is_training());
 }
@@ -85,13 +87,15 @@ std::vector<std::shared_ptr<torch::nn::Module>> GPT2LMHeadModel::layers() const 
                                                          transformer->h->end());
 }
 
-at::Tensor GPT2LMHeadModel::logits(const at::Tensor& input_ids) {
+at::Tensor GPT2LMHeadModel::logits(const at::Tensor& input_ids, KVCache* cache) {
   const int64_t length = input_ids.size(1);
+  LayerContext context = layer_context(cache);
   const at::Tensor positions =
-      at::arange(length, at::TensorOptions().dtype(at::kLong).device(input_ids.device()));
+      at::arange(context.past, context.past + length,
+                 at::TensorOptions().dtype(at::kLong).device(input_ids.device()));
   at::Tensor x = transformer->wte->forward(input_ids) + transformer->wpe->forward(positions);
   x = maybe_dropout(x, config().embedding_dropout, is_training());
-  const LayerContext context;
+  context.add_window(0, length, x.device());
   for (size_t i = 0; i < transformer->h->size(); ++i) {
     auto block = transformer->h->ptr<GPT2BlockImpl>(i);
     x = fsdp::forward(block, x, context);

@@ -40,31 +40,53 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   TDIST_THROW(InvalidArgument, "models: activation '" + name + "' is not implemented");
 }
 
+int64_t LayerContext::mask_key(int64_t window, int64_t queries, int64_t keys) const {
+  const int64_t key = window > 0 && window < keys ? window : 0;
+  if (key == 0 && (keys == queries || queries == 1)) return -1;
+  return key;
+}
+
 void LayerContext::add_window(int64_t window, int64_t length, const c10::Device& device) {
-  if (window <= 0 || window_masks.count(window)) return;
-  const at::Tensor positions = at::arange(length, at::TensorOptions().device(device));
-  const at::Tensor query = positions.unsqueeze(1), key = positions.unsqueeze(0);
+  const int64_t keys = past + length;
+  const int64_t key = mask_key(window, length, keys);
+  if (key < 0 || window_masks.count(key)) return;
+  const auto options = at::TensorOptions().device(device);
+  const at::Tensor query = at::arange(past, keys, options).unsqueeze(1);
+  const at::Tensor kv = at::arange(keys, options).unsqueeze(0);
   // transformers' causal mask with its sliding_window_overlay: kv <= q and kv > q - window.
-  window_masks[window] = key.le(query).logical_and(key.gt(query - window));
+  at::Tensor mask = kv.le(query);
+  if (key > 0) mask = mask.logical_and(kv.gt(query - key));
+  window_masks[key] = mask;
+}
+
+std::pair<at::Tensor, at::Tensor> LayerContext::keys_values(int64_t layer, const at::Tensor& keys,
+                                                            const at::Tensor& values) const {
+  if (cache == nullptr) return {keys, values};
+  return cache->append(layer, keys, values, num_layers);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const LayerContext& context, int64_t window, double dropout,
                             double scale) {
   const bool grouped = q.size(1) != k.size(1);
+  const int64_t queries = q.size(2), keys = k.size(2);
+  const int64_t key = context.mask_key(window, queries, keys);
   at::Tensor out;
-  auto it = window > 0 ? context.window_masks.find(window) : context.window_masks.end();
-  if (window > 0 && window < q.size(2)) {
+  if (key >= 0) {
+    auto it = context.window_masks.find(key);
     TDIST_CHECK_ARG(it != context.window_masks.end(),
-                    "models internal: no mask for sliding window " + std::to_string(window));
+                    "models internal: no attention mask for sliding window " + std::to_string(key));
     out = at::scaled_dot_product_attention(q, k, v, it->second, dropout, /*is_causal=*/false, scale,
                                            grouped);
-  } else {  // a window at least as long as the sequence hides nothing causal attention shows
-    out = at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout, /*is_causal=*/true,
-                                           scale, grouped);
+  } else {
+    // No cached positions: SDPA's causal path. One new token after cached ones: it may
+    // attend to every key.
+    out = at::scaled_dot_product_attention(q, k, v, std::nullopt, dropout,
+                                           /*is_causal=*/queries == keys && queries > 1, scale,
+                                           grouped);
   }
   // [B, H, T, D] -> [B, T, H * D]
-  return out.transpose(1, 2).reshape({q.size(0), q.size(2), -1});
+  return out.transpose(1, 2).reshape({q.size(0), queries, -1});
 }
 
 }  // namespace tdist::models

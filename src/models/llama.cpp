@@ -17,7 +17,8 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 }  // namespace
 
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& c, int64_t layer_index)
-    : heads_(c.num_attention_heads),
+    : layer_index_(layer_index),
+      heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
       window_(c.sliding_windows.at(static_cast<size_t>(layer_index))),
@@ -34,8 +35,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const LayerContext& 
     return y.view({b, t, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
   };
   const at::Tensor q = apply_rotary(heads(q_proj->forward(x), heads_), context.cos, context.sin);
-  const at::Tensor k = apply_rotary(heads(k_proj->forward(x), kv_heads_), context.cos, context.sin);
-  const at::Tensor v = heads(v_proj->forward(x), kv_heads_);
+  const auto [k, v] = context.keys_values(
+      layer_index_, apply_rotary(heads(k_proj->forward(x), kv_heads_), context.cos, context.sin),
+      heads(v_proj->forward(x), kv_heads_));
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   const at::Tensor y =
       causal_attention(q, k, v, context, window_, is_training() ? dropout_ : 0.0, scale);
@@ -89,11 +91,14 @@ std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLM::layers() const
                                                          model->layers->end());
 }
 
-at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids) {
+at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids, KVCache* cache) {
   at::Tensor x = model->embed_tokens->forward(input_ids);
   const int64_t length = input_ids.size(1);
-  LayerContext context;
-  std::tie(context.cos, context.sin) = rope_tables(config(), length, x.device(), x.scalar_type());
+  LayerContext context = layer_context(cache);
+  std::tie(context.cos, context.sin) =
+      rope_tables(config(), context.past + length, x.device(), x.scalar_type());
+  context.cos = context.cos.narrow(0, context.past, length);
+  context.sin = context.sin.narrow(0, context.past, length);
   for (int64_t window : config().sliding_windows) context.add_window(window, length, x.device());
   for (size_t i = 0; i < model->layers->size(); ++i) {
     auto layer = model->layers->ptr<LlamaDecoderLayerImpl>(i);

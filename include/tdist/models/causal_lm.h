@@ -18,6 +18,8 @@
 #include <torch/nn/module.h>
 
 #include "tdist/models/config.h"
+#include "tdist/models/kv_cache.h"
+#include "tdist/models/layers.h"
 
 namespace tdist::models {
 
@@ -28,16 +30,21 @@ class CausalLM : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
 
   /// input_ids [B, T] (integer) -> logits [B, T, vocab_size] in the parameters' dtype.
-  /// T may not exceed max_position_embeddings (InvalidArgument naming both), except with
-  /// dynamic rope scaling, whose purpose is longer sequences.
-  at::Tensor forward(const at::Tensor& input_ids);
+  /// With a cache, input_ids are the positions after the cached ones, which they attend to,
+  /// and the cache is extended by them. The positions (cached + T) may not exceed
+  /// max_position_embeddings (InvalidArgument naming both), except with dynamic rope
+  /// scaling, whose purpose is longer sequences.
+  at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr);
 
   /// The decoder layers in order: the modules fully_shard shards one by one.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> layers() const = 0;
 
  protected:
   CausalLM(const std::string& name, ModelConfig config);
-  virtual at::Tensor logits(const at::Tensor& input_ids) = 0;
+  /// The context every layer of this forward shares: the cache, its length and the layer
+  /// count filled in.
+  LayerContext layer_context(KVCache* cache) const;
+  virtual at::Tensor logits(const at::Tensor& input_ids, KVCache* cache) = 0;
 
  private:
   ModelConfig config_;

@@ -25,7 +25,7 @@ class GPT2AttentionImpl : public torch::nn::Module {
   Conv1D c_attn{nullptr}, c_proj{nullptr};
 
  private:
-  int64_t heads_, head_dim_;
+  int64_t layer_index_, heads_, head_dim_;
   double scale_, attn_dropout_, resid_dropout_;
 };
 TORCH_MODULE(GPT2Attention);
@@ -74,7 +74,7 @@ class GPT2LMHeadModel : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< null with tie_word_embeddings (GPT-2's default)
 
  protected:
-  at::Tensor logits(const at::Tensor& input_ids) override;
+  at::Tensor logits(const at::Tensor& input_ids, KVCache* cache) override;
 };
 
 }  // namespace tdist::models

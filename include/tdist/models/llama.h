@@ -26,7 +26,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
-  int64_t heads_, kv_heads_, head_dim_, window_;
+  int64_t layer_index_, heads_, kv_heads_, head_dim_, window_;
   double dropout_;
 };
 TORCH_MODULE(LlamaAttention);
@@ -77,7 +77,7 @@ class LlamaForCausalLM : public CausalLM {
   torch::nn::Linear lm_head{nullptr};  ///< null with tie_word_embeddings
 
  protected:
-  at::Tensor logits(const at::Tensor& input_ids) override;
+  at::Tensor logits(const at::Tensor& input_ids, KVCache* cache) override;
 };
 
 }  // namespace tdist::models

@@ -2,7 +2,9 @@
 
   make CASE DIR            a tiny random model of CASE made by transformers (save_pretrained)
                            into DIR, with inputs.safetensors (input_ids [2, T]) and
-                           expected.safetensors (fp32 logits of an eval forward)
+                           expected.safetensors (fp32 logits of an eval forward) and
+                           generated.safetensors (transformers' greedy generate() of each
+                           row's first 4 tokens, 10 new ones, in float32)
   fsdp2_step DIR WORLD     one training step of DIR's model under PyTorch FSDP2 (fully_shard on
                            each decoder layer, then the root) at WORLD ranks over gloo, rank r
                            on input row r: writes DIR/fsdp2_step.safetensors with each rank's
@@ -23,6 +25,7 @@ from safetensors.torch import load_file, save_file
 import transformers
 
 SEQ = 12
+PROMPT, GENERATE = 4, 10  # greedy generation: prompt tokens per row, new tokens
 
 # Settings unlike each family's defaults, where the families differ from each other.
 CASES = {
@@ -118,6 +121,16 @@ def make(case_name, out):
         logits_fp32 = load_model(out, torch.float32)(ids).logits
     save_file({"logits": logits.float().contiguous(), "logits_fp32": logits_fp32.contiguous()},
               os.path.join(out, "expected.safetensors"))
+    # Greedy continuation of each row's first PROMPT tokens by transformers' generate (its KV
+    # cache, the config's EOS ids, finished rows padded), in float32.
+    with torch.no_grad():
+        model32 = load_model(out, torch.float32)
+        pad = config.pad_token_id if config.pad_token_id is not None else 0
+        # An explicit mask: without one, generate() masks prompt tokens equal to the pad id.
+        prompt = ids[:, :PROMPT]
+        generated = model32.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                     max_new_tokens=GENERATE, do_sample=False, pad_token_id=pad)
+    save_file({"generated": generated.contiguous()}, os.path.join(out, "generated.safetensors"))
 
 
 def fsdp2_rank(rank, world, init_file, path):
