@@ -59,7 +59,7 @@ fi
 
 # PyTorch from PyPI into .venv/ (once; ~5 GB with its CUDA libraries, which it loads even on
 # machines without a GPU).
-# safetensors: the Python side of the GPT export test (examples/gpt/python/gpt_export.py).
+# safetensors: the Python side of the export tests (pt / safetensors files of `gpt export`).
 # transformers, tokenizers, sentencepiece: the oracles of the model families' parity tests
 # (tests/models), which make small random Hugging Face models and compare logits and files.
 PY_PACKAGES=("torch==$TORCH_PIN" numpy safetensors $(grep -v '^#' tools/python-requirements.txt))

@@ -5,6 +5,9 @@
   time DIR --steps N --warmup W --threads T --batch B --seq S
                               forward + backward throughput in transformers (sdpa attention),
                               one JSON line as bench_models prints
+  generate DIR --threads T --batch B --prompt P --new N --rounds R
+                              greedy generate() with the KV cache in transformers, one JSON
+                              line as bench_generate prints
   large DIR                   a ~1B-parameter Llama in bfloat16, several safetensors files and
                               an index, written tensor by tensor (for bench_model_load)
 """
@@ -76,6 +79,31 @@ def time_steps(args):
                       "params": sum(p.numel() for p in model.parameters())}))
 
 
+def generate(args):
+    torch.set_num_threads(args.threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.a, dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = batch_ids(model.config.vocab_size, args.batch, args.prompt)
+    model.generation_config.eos_token_id = None
+    times, out = [], None
+    for r in range(args.rounds + 1):  # the first round warms up
+        start = time.perf_counter()
+        with torch.no_grad():
+            # No EOS: exactly --new tokens per row, as bench_generate generates.
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=args.new, pad_token_id=0, use_cache=True)
+        if r > 0:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    median = times[len(times) // 2]
+    checksum = 0
+    for i in out.reshape(-1).tolist():
+        checksum = (checksum * 1000003 + i) % (1 << 64)
+    print(json.dumps({"impl": "transformers", "tokens_per_s": round(args.batch * args.new / median, 1),
+                      "median_s": round(median, 5), "min_s": round(times[0], 5),
+                      "generated": out.shape[1] - args.prompt, "checksum": str(checksum)}))
+
+
 def large(out):
     """Llama-3.2-1B-like (hidden 2048, 16 layers, GQA 32/8, MLP 8192) with a 32000 vocab."""
     from safetensors.torch import save_file
@@ -126,7 +154,7 @@ def main():
     parser.add_argument("b", nargs="?")
     parser.add_argument("--smoke", action="store_true")
     for flag, default in (("--steps", 5), ("--warmup", 1), ("--threads", 2), ("--batch", 4),
-                          ("--seq", 256)):
+                          ("--seq", 256), ("--prompt", 16), ("--new", 64), ("--rounds", 3)):
         parser.add_argument(flag, type=int, default=default)
     args = parser.parse_args()
     if args.command == "make":
@@ -134,6 +162,8 @@ def main():
     elif args.command == "time":
         args.dir = args.a
         time_steps(args)
+    elif args.command == "generate":
+        generate(args)
     elif args.command == "large":
         large(args.a)
     else:

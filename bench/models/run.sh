@@ -8,6 +8,9 @@
 #                                                   FSDP shards at world 2: time and peak memory
 #   sh bench/models/run.sh [build-dir] --tokenizer  tokenizer encode / decode on one thread
 #                                                   against Python tokenizers (the bundled corpus)
+#   sh bench/models/run.sh [build-dir] --generate   greedy generation with the KV cache against
+#                                                   transformers' generate(), each family, one
+#                                                   thread, batch 1 and 4, alternating, 3 rounds
 # Exits 1 when the two sides' losses disagree (what is timed is then not the same model).
 set -eu
 build=${1:-build}
@@ -53,6 +56,42 @@ for kind in ("gpt2", "llama3", "qwen2"):
           t["encode_tokens_per_s"], p["encode_tokens_per_s"], t["encode_tokens_per_s"] / p["encode_tokens_per_s"],
           t["decode_tokens_per_s"], p["decode_tokens_per_s"], t["decode_tokens_per_s"] / p["decode_tokens_per_s"],
           "yes" if same else "NO"))
+sys.exit(0 if ok else 1)
+PY
+fi
+
+if [ "$mode" = "--generate" ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  gflags="--threads ${BENCH_THREADS:-1} --prompt 16 --new ${BENCH_NEW:-64} --rounds ${BENCH_ROUNDS:-3}"
+  for family in llama mistral qwen2 gpt2; do
+    "$python" "$here/models_bench.py" make "$family" "$work/$family" >/dev/null 2>&1 \
+      || { echo "transformers could not make the $family model" >&2; exit 1; }
+    for batch in 1 4; do
+      t=$("$bin/bench_generate" "$work/$family" --batch $batch $gflags)
+      p=$("$python" "$here/models_bench.py" generate "$work/$family" --batch $batch $gflags 2>/dev/null | tail -1)
+      echo "$family $batch $t" >> "$work/rows"
+      echo "$family $batch $p" >> "$work/rows"
+    done
+  done
+  exec "$python" - "$work/rows" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    family, batch, text = line.split(" ", 2)
+    r = json.loads(text)
+    rows[(family, int(batch), r["impl"])] = r
+print("%-8s %5s %10s %14s %16s %8s %s" % ("family", "batch", "new tokens", "tdist tok/s",
+      "transformers", "ratio", "same tokens"))
+ok = True
+for family in ("llama", "mistral", "qwen2", "gpt2"):
+    for batch in (1, 4):
+        t, p = rows[(family, batch, "tdist")], rows[(family, batch, "transformers")]
+        same = t["checksum"] == p["checksum"] and t["generated"] == p["generated"]
+        ok = ok and same
+        print("%-8s %5d %10d %14.1f %16.1f %8.2f %s" % (family, batch, t["generated"],
+              t["tokens_per_s"], p["tokens_per_s"], t["tokens_per_s"] / p["tokens_per_s"],
+              "yes" if same else "NO"))
 sys.exit(0 if ok else 1)
 PY
 fi

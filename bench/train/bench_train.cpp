@@ -1,4 +1,5 @@
-// Training throughput and peak memory per rank of the GPT example's model under tdist:
+// Training throughput and peak memory per rank of GPT-2 (tdist::models, the trainer's gpt2
+// family; transformers' GPT2LMHeadModel on the Python side) under tdist:
 // single process, DDP or FSDP (optionally with CPU offload), on the CPU or a GPU. Each run
 // prints one row; bench/train/run.sh runs them all beside Python PyTorch on the same model
 // (tools/gpu-check.sh on a GPU).
@@ -24,10 +25,14 @@
 #include "common/openblas_kernels.h"
 #include "gpt/launcher.h"
 #include "gpt/memory.h"
-#include "gpt/model.h"
+#include "gpt/model_config.h"
+#include "gpt/model_spec.h"
 #include "gpt/parallel.h"
 #include "gpt/world.h"
 #include "tdist/checkpoint/interchange.h"
+#include "tdist/error.h"
+#include "tdist/fsdp/deferred_init.h"
+#include "tdist/models/pretrained.h"
 
 namespace {
 
@@ -38,7 +43,7 @@ struct Options {
   int warmup = 3;
   int threads = 0;
   int64_t batch_size = 16;
-  gpt::ModelConfig model;
+  gpt::ModelConfig model;  // the shape flags; the model is the GPT-2 family of tdist::models
   std::string json_path;
   std::string init_out;  // rank 0 writes the initial parameters here (PyTorch's .pt format)
   std::string device = "cpu";
@@ -52,19 +57,39 @@ int run_rank(const Options& o) {
           ? o.threads
           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.world_size);
   torch::set_num_threads(threads);
-  torch::manual_seed(1234);
-  gpt::GPT model(o.model);
-  model->to(world.device);
-  if (!o.init_out.empty() && world.rank == 0) {
-    // The Python side (gpt_torch.py --init) starts from exactly these weights, so the two
-    // sides' losses can be compared step for step.
-    tdist::checkpoint::TensorMap init;
-    for (const auto& item : model->named_parameters()) init[item.key()] = item.value();
-    tdist::checkpoint::export_torch_file(init, o.init_out);
+  // GPT-2 (transformers' GPT2LMHeadModel, tdist::models), built on the meta device and
+  // materialised from seeds as the trainer does (after sharding under FSDP).
+  gpt::ModelSpec spec;
+  spec.family = "gpt2";
+  spec.n_layer = o.model.n_layer;
+  spec.n_head = o.model.n_head;
+  spec.n_embd = o.model.n_embd;
+  spec.block_size = o.model.block_size;
+  spec.tie_weights = o.model.tie_weights;
+  const auto config = spec.resolve(o.model.vocab_size, std::nullopt, std::nullopt);
+  gpt::Model model;
+  {
+    tdist::fsdp::MetaDeviceGuard meta;
+    model = tdist::models::build_model(config);
   }
+  int64_t num_parameters = 0;
+  for (const auto& p : model->parameters()) num_parameters += p.numel();
+  const auto materialize = [&](gpt::Model& m) {
+    tdist::fsdp::materialize(m, tdist::fsdp::MaterializeOptions()
+                                    .seed(1234)
+                                    .device(world.device)
+                                    .init_fn(tdist::models::init_weights_fn(config)));
+  };
   gpt::Tracer tracer(world.rank, /*enabled=*/false);
   const auto mode = gpt::resolve_mode(gpt::parse_parallel_mode(o.mode), world);
-  auto parallel = gpt::make_parallel(mode, model, world, tracer, o.cpu_offload);
+  auto parallel = gpt::make_parallel(mode, model, world, tracer,
+                                     gpt::ParallelOptions{o.cpu_offload, false}, materialize);
+  if (!o.init_out.empty() && world.rank == 0) {
+    // The Python side (gpt_torch.py --init) starts from exactly these weights (transformers'
+    // names and layout), so the two sides' losses can be compared step for step.
+    TDIST_CHECK_ARG(parallel->replicated(), "--init-out needs --mode single or ddp");
+    tdist::checkpoint::export_torch_file(tdist::checkpoint::module_tensors(*model), o.init_out);
+  }
   auto groups = parallel->param_groups();
   std::vector<torch::Tensor> params = groups.decay;
   params.insert(params.end(), groups.no_decay.begin(), groups.no_decay.end());
@@ -111,8 +136,8 @@ int run_rank(const Options& o) {
     const double device_peak_max = *std::max_element(device_peaks.begin(), device_peaks.end());
     const std::string name = "tdist " + to_string(mode) + (o.cpu_offload ? "+offload" : "");
     std::printf("%-20s %-6s %5d %9.2fM %11.0f %9.1f %14.0f %14.0f %10.4f %4s\n", name.c_str(),
-                device_name.c_str(), world.world_size, o.model.num_parameters() / 1e6,
-                tokens / seconds, seconds / o.steps * 1e3, peak_max / (1024.0 * 1024.0),
+                device_name.c_str(), world.world_size, num_parameters / 1e6, tokens / seconds,
+                seconds / o.steps * 1e3, peak_max / (1024.0 * 1024.0),
                 device_peak_max / (1024.0 * 1024.0), losses[0], ok ? "yes" : "NO");
     std::fflush(stdout);
     if (!o.json_path.empty()) {
@@ -121,7 +146,7 @@ int run_rank(const Options& o) {
                             {"mode", to_string(mode)},
                             {"cpu_offload", o.cpu_offload},
                             {"device", device_name},
-                            {"parameters", o.model.num_parameters()},
+                            {"parameters", num_parameters},
                             {"world_size", world.world_size},
                             {"tokens_per_s", tokens / seconds},
                             {"step_ms", seconds / o.steps * 1e3},

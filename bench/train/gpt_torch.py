@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The GPT example's model (examples/gpt/model.cpp) in Python PyTorch, timed the same way as
-bench_train: random tokens (the same generator and seeds, so the same batches), AdamW,
+"""GPT-2 (transformers' GPT2LMHeadModel, the trainer's gpt2 family, in plain PyTorch) timed
+the same way as bench_train: random tokens (the same generator and seeds, so the same batches), AdamW,
 gradient clipping, warmup steps then timed steps. --mode picks the plain model (single: no
 wrapper, the baseline for PyTorch's own framework overhead), PyTorch's DDP, FSDP1
 (FullyShardedDataParallel, one unit per block) or FSDP2 (fully_shard on each block, then the
@@ -28,77 +28,89 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-class CausalSelfAttention(nn.Module):
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: weight [in, out] (transformers' layout, which tdist keeps)."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out).normal_(0.0, 0.02))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(
+            *x.shape[:-1], -1)
+
+
+class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.n_head, self.n_embd = c.n_head, c.n_embd
-        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd)
-        self.c_proj = nn.Linear(c.n_embd, c.n_embd)
-        # A plain attribute, not a buffer: DDP's gloo broadcast of buffers rejects bool.
-        self.mask = torch.tril(torch.ones(c.block_size, c.block_size, dtype=torch.bool)).view(
-            1, 1, c.block_size, c.block_size)
+        self.c_attn = Conv1D(c.n_embd, 3 * c.n_embd)
+        self.c_proj = Conv1D(c.n_embd, c.n_embd)
 
     def forward(self, x):
         b, t, c = x.shape
-        hd = c // self.n_head
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(b, t, self.n_head, hd).transpose(1, 2)
-        k = k.view(b, t, self.n_head, hd).transpose(1, 2)
-        v = v.view(b, t, self.n_head, hd).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        if self.mask.device != x.device:  # moved once: .to(device) skips plain attributes
-            self.mask = self.mask.to(x.device)
-        att = att.masked_fill(~self.mask[:, :, :t, :t], float("-inf"))
-        y = torch.softmax(att, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
 
 
-class Block(nn.Module):
+class MLP(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(c.n_embd)
-        self.attn = CausalSelfAttention(c)
-        self.ln_2 = nn.LayerNorm(c.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(c.n_embd, 4 * c.n_embd), nn.GELU(),
-                                 nn.Linear(4 * c.n_embd, c.n_embd))
+        self.c_fc = Conv1D(c.n_embd, 4 * c.n_embd)
+        self.c_proj = Conv1D(4 * c.n_embd, c.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # gelu_new
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(c.n_embd, eps=1e-5)
+        self.attn = Attention(c)
+        self.ln_2 = nn.LayerNorm(c.n_embd, eps=1e-5)
+        self.mlp = MLP(c)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
+class Transformer(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
-        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
-        self.ln_f = nn.LayerNorm(c.n_embd)
-        # GPT-2 initialisation, as examples/gpt/model.cpp.
-        for name, p in self.named_parameters():
-            if "ln_" in name:
-                continue
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif name.endswith("c_proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * c.n_layer))
-            else:
-                nn.init.normal_(p, 0.0, 0.02)
+        self.h = nn.ModuleList([GPT2Block(c) for _ in range(c.n_layer)])
+        self.ln_f = nn.LayerNorm(c.n_embd, eps=1e-5)
+
+
+class GPT2(nn.Module):
+    """transformers' GPT2LMHeadModel in plain PyTorch (the computation tdist's gpt2 family
+    implements, parameter for parameter: the same names and layouts), with no dropout and a
+    tied head. Plain so that the benchmark times the frameworks (DDP, FSDP), not modeling
+    code; run.sh checks both sides end at the same loss from the same weights."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.transformer = Transformer(c)
 
     def forward(self, idx):
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
+        t = self.transformer
+        x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in t.h:
             x = block(x)
-        return self.ln_f(x) @ self.wte.weight.t()  # tied head
+        return t.ln_f(x) @ t.wte.weight.t()
 
 
 def load_init(model, path):
-    """bench_train's parameter names -> this model's (its MLP is a Sequential)."""
+    """bench_train's parameters (transformers' names and layout)."""
     state = torch.load(path, weights_only=True)
-    renamed = {k.replace("mlp.c_fc.", "mlp.0.").replace("mlp.c_proj.", "mlp.2."): v
-               for k, v in state.items()}
-    missing, unexpected = model.load_state_dict(renamed, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    unexpected = [u for u in unexpected if u != "lm_head.weight"]  # tied to the embedding
     if missing or unexpected:
         raise SystemExit(f"--init {path}: missing {missing}, unexpected {unexpected}")
 
@@ -112,11 +124,11 @@ def wrap(model, mode, device, cpu_offload):
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         # device_id=cpu explicitly: left unset, FSDP1 looks for an accelerator and refuses.
-        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({GPT2Block}), use_orig_params=True,
                     device_id=device)
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
     policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
-    for block in model.blocks:
+    for block in model.transformer.h:
         fully_shard(block, offload_policy=policy)
     return fully_shard(model, offload_policy=policy)
 
@@ -142,7 +154,7 @@ def run_rank(args):
         device = torch.device("cpu")
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(1234)
-    plain = GPT(args)
+    plain = GPT2(args)
     if args.init:
         load_init(plain, args.init)
     plain.to(device)

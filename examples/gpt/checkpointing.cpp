@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tdist/error.h"
+#include "tdist/fsdp/deferred_init.h"
+#include "tdist/models/pretrained.h"
 #include "tdist/util/torch_compat.h"
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 #include "tdist/checkpoint/checkpoint_manager.h"
@@ -120,26 +122,27 @@ TrainingState training_state(Parallel& parallel, torch::optim::AdamW& optimizer)
 
 }  // namespace
 
-void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer) {
+void Checkpointer::save(int64_t step, int64_t data_position, Parallel& parallel,
+                        torch::optim::AdamW& optimizer) {
   tdist::checkpoint::CheckpointManager manager(
       root_, tdist::checkpoint::CheckpointManagerOptions().save_options(
                  tdist::checkpoint::SaveOptions().overwrite(true)));
   tdist::checkpoint::ExtraState extra;
   extra.step = step;
-  extra.data_position = step;  // the sampler is a function of the step
+  extra.data_position = data_position;
   torch::NoGradGuard no_grad;
   manager.save(step, training_state(parallel, optimizer).tensors, extra);
 }
 
-std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
-                                                 torch::optim::AdamW& optimizer) {
+std::optional<Checkpointer::Resumed> Checkpointer::load_latest(Parallel& parallel,
+                                                               torch::optim::AdamW& optimizer) {
   tdist::checkpoint::CheckpointManager manager(root_);
   torch::NoGradGuard no_grad;
   auto state = training_state(parallel, optimizer);
   auto result = manager.load_latest(state.tensors);
   if (!result) return std::nullopt;
   for (auto& [adam, step] : state.steps) adam->step(step.item<int64_t>());
-  return result->extra.step;
+  return Resumed{result->extra.step, result->extra.data_position};
 }
 
 #else  // torch::save fallback: the model is whole on every rank, rank 0 writes it.
@@ -184,7 +187,8 @@ void load_adamw_state(Parallel& parallel, torch::optim::AdamW& optimizer, const 
 
 }  // namespace
 
-void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer) {
+void Checkpointer::save(int64_t step, int64_t data_position, Parallel& parallel,
+                        torch::optim::AdamW& optimizer) {
   if (!parallel.replicated()) {
     TDIST_THROW(tdist::CheckpointError,
                 "checkpoint: this gpt was built without tdist::checkpoint, which sharded (fsdp) "
@@ -201,15 +205,16 @@ void Checkpointer::save(int64_t step, Parallel& parallel, torch::optim::AdamW& o
       archive.save_to((tmp_dir / "model.pt").string());
     }
     save_adamw_state(parallel, optimizer, (tmp_dir / "optimizer.pt").string());
-    std::ofstream((tmp_dir / "meta.json").string()) << "{\"step\": " << step << "}\n";
+    std::ofstream((tmp_dir / "meta.json").string())
+        << nlohmann::json{{"step", step}, {"data_position", data_position}}.dump() << "\n";
     fs::remove_all(final_dir);
     fs::rename(tmp_dir, final_dir);
   }
   barrier(world_);
 }
 
-std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
-                                                 torch::optim::AdamW& optimizer) {
+std::optional<Checkpointer::Resumed> Checkpointer::load_latest(Parallel& parallel,
+                                                               torch::optim::AdamW& optimizer) {
   auto steps = complete_steps(root_);
   if (steps.empty()) return std::nullopt;
   const fs::path dir = steps.back().second;
@@ -217,32 +222,32 @@ std::optional<int64_t> Checkpointer::load_latest(Parallel& parallel,
   archive.load_from((dir / "model.pt").string());
   parallel.model()->load(archive);
   load_adamw_state(parallel, optimizer, (dir / "optimizer.pt").string());
-  return steps.back().first;
+  std::ifstream meta((dir / "meta.json").string());
+  const auto json = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+  return Resumed{steps.back().first,
+                 json.is_object() ? json.value("data_position", int64_t{0}) : int64_t{0}};
 }
 
 #endif
 
-GPT load_model_from_run(const std::string& run_dir, int64_t step) {
-  std::ifstream in(config_path(run_dir));
-  if (!in) {
-    TDIST_THROW(tdist::CheckpointError, "generate: no " + config_path(run_dir) +
+std::string model_files_dir(const std::string& run_dir) {
+  return (fs::path(run_dir) / "model").string();
+}
+
+Model load_model_from_run(const std::string& run_dir, int64_t step) {
+  const fs::path config_file = fs::path(model_files_dir(run_dir)) / "config.json";
+  if (!fs::is_regular_file(config_file)) {
+    TDIST_THROW(tdist::CheckpointError, "no " + config_file.string() +
                                             "; pass --run-dir of a training run (e.g. runs/gpt)");
   }
-  auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.contains("model")) {
-    TDIST_THROW(tdist::CheckpointError,
-                "generate: " + config_path(run_dir) + " is not a gpt run config");
+  auto config = tdist::models::ModelConfig::load(model_files_dir(run_dir));
+  Model model;
+  {
+    tdist::fsdp::MetaDeviceGuard meta;
+    model = tdist::models::build_model(config);
   }
-  ModelConfig config;
-  const auto& m = json["model"];
-  config.vocab_size = m.value("vocab_size", config.vocab_size);
-  config.block_size = m.value("block_size", config.block_size);
-  config.n_layer = m.value("n_layer", config.n_layer);
-  config.n_head = m.value("n_head", config.n_head);
-  config.n_embd = m.value("n_embd", config.n_embd);
-  config.tie_weights = m.value("tie_weights", config.tie_weights);
-  config.dropout = 0.0;
-  GPT model(config);
+  tdist::fsdp::materialize(
+      model, tdist::fsdp::MaterializeOptions().init_fn(tdist::models::init_weights_fn(config)));
   auto dir = step >= 0 ? checkpoint_at_step(run_dir, step) : newest_checkpoint(run_dir);
   if (!dir && step >= 0) {
     TDIST_THROW(tdist::CheckpointError,
@@ -250,7 +255,7 @@ GPT load_model_from_run(const std::string& run_dir, int64_t step) {
                     std::to_string(step) + "; leave --step out for the newest one");
   }
   if (!dir) {
-    TDIST_THROW(tdist::CheckpointError, "generate: " + run_dir +
+    TDIST_THROW(tdist::CheckpointError, run_dir +
                                             "/checkpoints has no complete checkpoint; train with "
                                             "--checkpoint-interval > 0 first");
   }

@@ -12,7 +12,6 @@
 
 #include <torch/torch.h>
 
-#include "gpt/model.h"
 #include "gpt/parallel.h"
 #include "gpt/world.h"
 
@@ -22,11 +21,17 @@ class Checkpointer {
  public:
   Checkpointer(std::string run_dir, World world);
 
-  /// Collective: every rank calls it after optimizer step `step` (steps done).
-  void save(int64_t step, Parallel& parallel, torch::optim::AdamW& optimizer);
+  /// Collective: every rank calls it after optimizer step `step` (steps done), the data
+  /// loader then at `data_position` (Note [The loader's position]).
+  void save(int64_t step, int64_t data_position, Parallel& parallel,
+            torch::optim::AdamW& optimizer);
+  struct Resumed {
+    int64_t step = 0;
+    int64_t data_position = 0;
+  };
   /// Collective: loads the newest complete checkpoint into the model and optimizer; returns
-  /// its step, or nullopt when there is none (a fresh start).
-  std::optional<int64_t> load_latest(Parallel& parallel, torch::optim::AdamW& optimizer);
+  /// its step and data position, or nullopt when there is none (a fresh start).
+  std::optional<Resumed> load_latest(Parallel& parallel, torch::optim::AdamW& optimizer);
 
   const std::string& root() const { return root_; }
   /// "tdist::checkpoint" or "torch::save (rank 0)".
@@ -39,11 +44,13 @@ class Checkpointer {
 
 /// <run_dir>/config.json: the run's TrainConfig as JSON (written by rank 0 at start).
 std::string config_path(const std::string& run_dir);
-/// The GPT of a training run: the shape from config.json, the weights from the newest
-/// checkpoint (whatever world size and mode saved it). Throws tdist::CheckpointError naming
-/// what is missing.
-/// `step` >= 0: that step's checkpoint instead of the newest.
-GPT load_model_from_run(const std::string& run_dir, int64_t step = -1);
+/// <run_dir>/model/: the model's config.json and its tokenizer files, written at the start
+/// of a run (the folder `gpt export --format hf` completes with the weights).
+std::string model_files_dir(const std::string& run_dir);
+/// The model of a training run, whole in this process: its config from model/config.json,
+/// the weights from the newest checkpoint (whatever world size and mode saved it), or
+/// `step`'s when >= 0. Throws tdist::CheckpointError naming what is missing.
+Model load_model_from_run(const std::string& run_dir, int64_t step = -1);
 /// Newest complete step directory under <run_dir>/checkpoints, if any.
 std::optional<std::string> newest_checkpoint(const std::string& run_dir);
 /// The complete checkpoint of `step` under <run_dir>/checkpoints, if any.

@@ -56,16 +56,38 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
   app.allow_config_extras(CLI::config_extras_mode::error);
 
   const std::string model = "Model";
-  app.add_option("--n-layer", c.model.n_layer, "Transformer blocks")
+  app.add_option("--from", c.model.from,
+                 "Fine-tune a Hugging Face model folder (config.json, safetensors, tokenizer)")
+      ->group(model);
+  app.add_option("--model-config", c.model.config_file,
+                 "Pretrain from a config.json of any supported family and size")
+      ->group(model);
+  app.add_option("--family", c.model.family, "Pretrain from flags: llama, mistral, qwen2, gpt2")
+      ->check(CLI::IsMember({"llama", "mistral", "qwen2", "gpt2"}))
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--n-layer", c.model.n_layer, "Decoder layers")
       ->capture_default_str()
       ->group(model);
   app.add_option("--n-head", c.model.n_head, "Attention heads (must divide --n-embd)")
       ->capture_default_str()
       ->group(model);
-  app.add_option("--n-embd", c.model.n_embd, "Width of the residual stream")
+  app.add_option("--n-kv-head", c.model.n_kv_head,
+                 "Key/value heads of grouped-query attention (0: --n-head)")
       ->capture_default_str()
       ->group(model);
-  app.add_option("--block-size", c.model.block_size, "Context length in tokens (bytes)")
+  app.add_option("--n-embd", c.model.n_embd, "Hidden size")->capture_default_str()->group(model);
+  app.add_option("--intermediate", c.model.intermediate, "MLP width (0: the family's default)")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--block-size", c.model.block_size, "Training sequence length in tokens")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--max-positions", c.model.max_positions,
+                 "max_position_embeddings (0: --block-size)")
+      ->capture_default_str()
+      ->group(model);
+  app.add_option("--rope-theta", c.model.rope_theta, "Rotary base (llama, mistral, qwen2)")
       ->capture_default_str()
       ->group(model);
   app.add_option("--dropout", c.model.dropout, "Dropout probability")
@@ -75,11 +97,24 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
                  "Share token embedding and output head (true/false)")
       ->capture_default_str()
       ->group(model);
+  app.add_option("--tokenizer", c.tokenizer_path,
+                 "tokenizer.json or tokenizer.model (default: --from's, else the bundled "
+                 "data/tokenizer/tokenizer.json)")
+      ->group(model);
 
   const std::string data = "Data";
-  app.add_option("--data", c.data_path, "Training text (default: the bundled data/kjv.txt)")
+  app.add_option("--data", c.data_path,
+                 "Training data, comma-separated files: text (tokenized once, cached) or token "
+                 "ids (.bin/.u16 uint16, .u32 uint32); default: the bundled data/kjv.txt")
       ->group(data);
-  app.add_option("--val-fraction", c.val_fraction, "Tail of the text held out for validation")
+  app.add_option("--data-format", c.data_format, "auto (by extension), text, uint16 or uint32")
+      ->check(CLI::IsMember({"auto", "text", "uint16", "uint32"}))
+      ->capture_default_str()
+      ->group(data);
+  app.add_option("--token-cache", c.token_cache,
+                 "Directory of tokenized text (default: .tokens beside the run directory)")
+      ->group(data);
+  app.add_option("--val-fraction", c.val_fraction, "Tail of the tokens held out for validation")
       ->capture_default_str()
       ->group(data);
 
@@ -109,9 +144,13 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
   app.add_option("--grad-clip", c.grad_clip, "Max global gradient norm (0: off)")
       ->capture_default_str()
       ->group(opt);
-  app.add_option("--mixed-precision", c.mixed_precision, "none or bf16")
+  app.add_option("--mixed-precision", c.mixed_precision,
+                 "none or bf16 (bf16 parameters and activations, fp32 gradient reduction)")
       ->check(CLI::IsMember({"none", "bf16"}))
       ->capture_default_str()
+      ->group(opt);
+  app.add_flag("--activation-checkpointing", c.activation_checkpointing,
+               "Recompute each decoder layer's activations in backward (less memory)")
       ->group(opt);
   app.add_option("--seed", c.seed, "Seed of the initialisation and data order")
       ->capture_default_str()
@@ -132,8 +171,8 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
 
   const std::string par = "Parallelism";
   app.add_option("--mode", mode,
-                 "auto, single, ddp or fsdp (auto: fsdp with several ranks when built)")
-      ->check(CLI::IsMember({"auto", "single", "ddp", "fsdp"}))
+                 "auto, single, ddp, fsdp or hsdp (auto: fsdp with several ranks when built)")
+      ->check(CLI::IsMember({"auto", "single", "ddp", "fsdp", "hsdp"}))
       ->capture_default_str()
       ->group(par);
   app.add_option("--device", c.device,
@@ -145,10 +184,9 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
   app.add_flag("--cpu-offload", c.cpu_offload,
                "fsdp: keep parameters, gradients and AdamW state in host memory")
       ->group(par);
-  app.add_option("--deferred-init", c.deferred_init,
-                 "Build on the meta device, each rank initialising only its shards under fsdp; "
-                 "per-module seeds (true/false)")
-      ->capture_default_str()
+  app.add_option("--replicas", c.replicas,
+                 "hsdp: replica groups, each sharding over world / replicas ranks (0: one per "
+                 "node, or 2 on one node)")
       ->group(par);
   app.add_option("--nproc", c.nproc, "Ranks to start when not launched by tdistrun")
       ->capture_default_str()
@@ -182,7 +220,10 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
   app.add_option("--max-new-tokens", c.sample.max_new_tokens, "Length of the sample (0: no sample)")
       ->capture_default_str()
       ->group(sample);
-  app.add_option("--temperature", c.sample.temperature, "Sampling temperature (> 0)")
+  app.add_option("--temperature", c.sample.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str()
+      ->group(sample);
+  app.add_option("--top-p", c.sample.top_p, "Sample from the smallest set of probability >= p")
       ->capture_default_str()
       ->group(sample);
   app.add_option("--top-k", c.sample.top_k, "Sample from the k most likely tokens (0: all)")
@@ -194,11 +235,14 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
 }
 
 void add_generate_options(CLI::App& app, GenerateConfig& g) {
-  app.add_option("--run-dir", g.run_dir, "Training run directory (e.g. runs/gpt)")->required();
+  app.add_option("--run-dir", g.run_dir, "Training run directory (e.g. runs/gpt)");
+  app.add_option("--model", g.model_dir, "Or a Hugging Face model folder");
   app.add_option("--prompt", g.prompt, "Text to continue")->capture_default_str();
   app.add_option("--max-new-tokens", g.sample.max_new_tokens, "Tokens to generate")
       ->capture_default_str();
-  app.add_option("--temperature", g.sample.temperature, "Sampling temperature (> 0)")
+  app.add_option("--temperature", g.sample.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  app.add_option("--top-p", g.sample.top_p, "Sample from the smallest set of probability >= p")
       ->capture_default_str();
   app.add_option("--top-k", g.sample.top_k, "Sample from the k most likely tokens (0: all)")
       ->capture_default_str();
@@ -210,12 +254,17 @@ void add_generate_options(CLI::App& app, GenerateConfig& g) {
 void add_export_options(CLI::App& app, ExportConfig& x) {
   app.add_option("--run-dir", x.run_dir, "Training run directory (e.g. runs/gpt)")->required();
   app.add_option("--format", x.format,
-                 "pt (torch.load), safetensors, or dcp (a torch.distributed.checkpoint directory)")
-      ->check(CLI::IsMember({"pt", "safetensors", "dcp"}))
+                 "hf (a Hugging Face model folder), pt (torch.load), safetensors, or dcp (a "
+                 "torch.distributed.checkpoint directory)")
+      ->check(CLI::IsMember({"hf", "pt", "safetensors", "dcp"}))
       ->capture_default_str();
   app.add_option("--out", x.out,
-                 "File (dcp: directory) to write; the model config goes beside it (.json)")
+                 "Folder (hf, dcp) or file to write; pt/safetensors/dcp: config.json beside it "
+                 "(.json)")
       ->required();
+  app.add_option("--dtype", x.dtype, "Saved weights' dtype: float32, bfloat16, float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
   app.add_option("--step", x.step, "Checkpoint step (default: the newest complete one)");
 }
 
@@ -248,13 +297,17 @@ int parse_command_line(const std::vector<std::string>& args_in, Command& command
 
   const bool train = command.kind == Command::Kind::kTrain;
   const bool exporting = command.kind == Command::Kind::kExport;
-  CLI::App app(train       ? "Train a small GPT on a text corpus, on one or several ranks.\n"
-                             "  gpt [train] [flags]       train (this help)\n"
-                             "  gpt generate --help       sample from a trained run\n"
-                             "  gpt export --help         write a run's weights for Python"
-               : exporting ? "Write a trained GPT run's weights (and its config, as .json) for "
-                             "Python: examples/gpt/python/gpt_export.py loads them."
-                           : "Generate text from a trained GPT run's newest checkpoint.",
+  CLI::App app(train
+                   ? "Pretrain or fine-tune a Llama, Mistral, Qwen2 or GPT-2 model, on one or "
+                     "several ranks.\n"
+                     "  gpt [train] [flags]       train (this help)\n"
+                     "  gpt generate --help       continue a prompt with a trained run or a model "
+                     "folder\n"
+                     "  gpt export --help         write a run as a Hugging Face model folder"
+               : exporting ? "Write a training run's model as a Hugging Face model folder "
+                             "(transformers loads it), or its weights for Python."
+                           : "Continue a prompt with a training run's newest checkpoint or a "
+                             "Hugging Face model folder (KV cache; greedy at --temperature 0).",
                train       ? "gpt"
                : exporting ? "gpt export"
                            : "gpt generate");
@@ -276,6 +329,8 @@ int parse_command_line(const std::vector<std::string>& args_in, Command& command
       command.train.validate();
     } else if (!exporting) {
       command.generate.sample.validate();
+      TDIST_CHECK_ARG(command.generate.run_dir.empty() != command.generate.model_dir.empty(),
+                      "pass one of --run-dir (a training run) or --model (a model folder)");
     }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e, out, err);

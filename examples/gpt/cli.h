@@ -1,9 +1,10 @@
 #pragma once
 
 // Command line of the gpt program:
-//   gpt [train] [flags]          train (the default command)
-//   gpt generate --run-dir DIR   sample from a run's newest checkpoint
-//   gpt export --run-dir DIR --format pt|safetensors --out FILE   weights for Python
+//   gpt [train] [flags]                       pretrain, or fine-tune with --from (the default)
+//   gpt generate --run-dir DIR | --model DIR  continue a prompt (KV cache)
+//   gpt export --run-dir DIR --out DIR        a Hugging Face model folder (or --format
+//                                             pt|safetensors|dcp: weights for Python)
 // Flags may also come from --config FILE: JSON ({"steps": 300, "n_layer": 4}) or key=value
 // lines (steps = 300); names are the long flag names, '_' and '-' both accepted. Flags on
 // the command line override the file.

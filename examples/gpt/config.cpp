@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include "tdist/error.h"
 
@@ -19,6 +20,8 @@ std::string to_string(ParallelMode mode) {
       return "ddp";
     case ParallelMode::kFsdp:
       return "fsdp";
+    case ParallelMode::kHsdp:
+      return "hsdp";
   }
   return "?";
 }
@@ -28,8 +31,9 @@ ParallelMode parse_parallel_mode(const std::string& text) {
   if (text == "single") return ParallelMode::kSingle;
   if (text == "ddp") return ParallelMode::kDdp;
   if (text == "fsdp") return ParallelMode::kFsdp;
+  if (text == "hsdp") return ParallelMode::kHsdp;
   TDIST_THROW(tdist::InvalidArgument,
-              "--mode must be one of auto, single, ddp, fsdp; got '" + text + "'");
+              "--mode must be one of auto, single, ddp, fsdp, hsdp; got '" + text + "'");
 }
 
 void TrainConfig::finalize() {
@@ -59,6 +63,9 @@ void TrainConfig::validate() const {
         "--mixed-precision must be 'none' or 'bf16', got '" + mixed_precision + "'");
   check(device == "cpu" || device == "cuda" || device == "auto",
         "--device must be 'cpu', 'cuda' or 'auto', got '" + device + "'");
+  check(data_format == "auto" || data_format == "text" || data_format == "uint16" ||
+            data_format == "uint32",
+        "--data-format must be auto, text, uint16 or uint32, got '" + data_format + "'");
   check(val_fraction > 0.0 && val_fraction < 0.5,
         "--val-fraction must be in (0, 0.5), got " + std::to_string(val_fraction));
   check(eval_interval >= 0, "--eval-interval must be >= 0, got " + std::to_string(eval_interval));
@@ -67,6 +74,8 @@ void TrainConfig::validate() const {
   check(nproc >= 1 && nproc <= 256, "--nproc must be in [1, 256], got " + std::to_string(nproc));
   check(threads >= 0, "--threads must be >= 0 (0: cores / ranks), got " + std::to_string(threads));
   check(timeout_s >= 1, "--timeout must be >= 1 second, got " + std::to_string(timeout_s));
+  check(replicas >= 0,
+        "--replicas must be >= 0 (0: one per node), got " + std::to_string(replicas));
   check(checkpoint_interval >= 0, "--checkpoint-interval must be >= 0 (0: never), got " +
                                       std::to_string(checkpoint_interval));
   check(
@@ -77,15 +86,10 @@ void TrainConfig::validate() const {
 
 nlohmann::json to_json(const TrainConfig& c) {
   return {
-      {"model",
-       {{"vocab_size", c.model.vocab_size},
-        {"block_size", c.model.block_size},
-        {"n_layer", c.model.n_layer},
-        {"n_head", c.model.n_head},
-        {"n_embd", c.model.n_embd},
-        {"dropout", c.model.dropout},
-        {"tie_weights", c.model.tie_weights}}},
+      {"model", to_json(c.model)},
+      {"tokenizer", c.tokenizer_path},
       {"data", c.data_path},
+      {"data_format", c.data_format},
       {"val_fraction", c.val_fraction},
       {"steps", c.steps},
       {"batch_size", c.batch_size},
@@ -99,26 +103,52 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"grad_clip", c.grad_clip},
       {"seed", c.seed},
       {"mixed_precision", c.mixed_precision},
+      {"activation_checkpointing", c.activation_checkpointing},
       {"eval_interval", c.eval_interval},
       {"eval_batches", c.eval_batches},
       {"mode", to_string(c.mode)},
       {"device", c.device},
       {"cpu_offload", c.cpu_offload},
+      {"replicas", c.replicas},
       {"nproc", c.nproc},
-      {"deferred_init", c.deferred_init},
       {"name", c.name},
       {"run_dir", c.resolved_run_dir()},
       {"checkpoint_interval", c.checkpoint_interval},
   };
 }
 
-std::string default_data_path() {
-  if (const char* env = std::getenv("TDIST_GPT_DATA"); env != nullptr && *env != '\0') return env;
+std::string TrainConfig::resolved_token_cache() const {
+  if (!token_cache.empty()) return token_cache;
+  return (std::filesystem::path(resolved_run_dir()).parent_path() / ".tokens").string();
+}
+
+namespace {
+
+// $env, else `source` (a path in the source tree this binary was built from), else `local`.
+std::string bundled_file(const char* env_name, const char* source, const char* local) {
+  if (const char* env = std::getenv(env_name); env != nullptr && *env != '\0') return env;
   struct stat st {};
+  if (source != nullptr && ::stat(source, &st) == 0) return source;
+  return local;
+}
+
+}  // namespace
+
+std::string default_data_path() {
 #ifdef TDIST_GPT_SOURCE_DATA
-  if (::stat(TDIST_GPT_SOURCE_DATA, &st) == 0) return TDIST_GPT_SOURCE_DATA;
+  return bundled_file("TDIST_GPT_DATA", TDIST_GPT_SOURCE_DATA, "data/kjv.txt");
+#else
+  return bundled_file("TDIST_GPT_DATA", nullptr, "data/kjv.txt");
 #endif
-  return "data/kjv.txt";
+}
+
+std::string default_tokenizer_path() {
+#ifdef TDIST_GPT_SOURCE_TOKENIZER
+  return bundled_file("TDIST_GPT_TOKENIZER", TDIST_GPT_SOURCE_TOKENIZER,
+                      "data/tokenizer/tokenizer.json");
+#else
+  return bundled_file("TDIST_GPT_TOKENIZER", nullptr, "data/tokenizer/tokenizer.json");
+#endif
 }
 
 }  // namespace gpt

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gpt/model_config.h"
+#include "gpt/model_spec.h"
 #include "gpt/sample_options.h"
 #include "gpt/schedule.h"
 
@@ -21,18 +21,23 @@ enum class ParallelMode {
   kSingle,  ///< one process, no communication
   kDdp,     ///< replicated model, gradients all-reduced (tdist::ddp)
   kFsdp,    ///< parameters, gradients and optimizer state sharded (tdist::fsdp)
+  kHsdp,    ///< sharded within each of --replicas groups, replicated across them (HSDP)
 };
 std::string to_string(ParallelMode mode);
-/// "auto", "single", "ddp", "fsdp"; throws tdist::InvalidArgument otherwise.
+/// "auto", "single", "ddp", "fsdp", "hsdp"; throws tdist::InvalidArgument otherwise.
 ParallelMode parse_parallel_mode(const std::string& text);
 
 struct TrainConfig {
   // --- model
-  ModelConfig model;
+  ModelSpec model;
+  /// tokenizer.json or tokenizer.model; empty: --from's, else the bundled data/tokenizer.json.
+  std::string tokenizer_path;
 
   // --- data
-  std::string data_path;      ///< empty: the bundled corpus (see default_data_path)
-  double val_fraction = 0.1;  ///< tail of the corpus held out for validation
+  std::string data_path;             ///< empty: the bundled corpus (see default_data_path)
+  std::string data_format = "auto";  ///< auto, text, uint16, uint32 (see dataset.h)
+  std::string token_cache;    ///< where tokenized text is cached; empty: <run dir>/../.tokens
+  double val_fraction = 0.1;  ///< tail of the token stream held out for validation
 
   // --- optimisation
   int64_t steps = 300;                                        ///< optimizer steps
@@ -44,7 +49,10 @@ struct TrainConfig {
   double beta2 = 0.95;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
   uint64_t seed = 1337;
-  std::string mixed_precision = "none";  ///< "none" or "bf16"
+  /// "none", or "bf16": parameters and activations in bfloat16, gradients reduced in float32
+  /// (FSDP's MixedPrecisionPolicy; autocast for single and DDP).
+  std::string mixed_precision = "none";
+  bool activation_checkpointing = false;  ///< recompute each layer's activations in backward
 
   // --- evaluation and logging
   int64_t eval_interval = 75;  ///< validate every N steps (and at the end); 0: only at the end
@@ -59,13 +67,10 @@ struct TrainConfig {
   /// FSDP's CPUOffloadPolicy: parameters, gradients and AdamW state in host memory, each
   /// block copied to the device for its forward and backward (--mode fsdp, or auto).
   bool cpu_offload = false;
-  int nproc = 2;        ///< ranks to spawn when not started by a launcher
-  int threads = 0;      ///< intra-op threads per rank; 0: cores / ranks
-  int timeout_s = 300;  ///< collective / rendezvous timeout
-  /// Build the model on the meta device and initialise it module by module from per-module
-  /// seeds (tdist::fsdp::materialize): with fsdp each rank allocates only its shards. The
-  /// initial weights then do not depend on the world size (nor equal the default's).
-  bool deferred_init = false;
+  int64_t replicas = 0;  ///< hsdp: replica groups (0: one per node, or 2 on one node)
+  int nproc = 2;         ///< ranks to spawn when not started by a launcher
+  int threads = 0;       ///< intra-op threads per rank; 0: cores / ranks
+  int timeout_s = 300;   ///< collective / rendezvous timeout
 
   // --- outputs
   std::string name = "gpt";           ///< run name
@@ -80,6 +85,7 @@ struct TrainConfig {
   std::string prompt = "And God said";
 
   std::string resolved_run_dir() const { return run_dir.empty() ? "runs/" + name : run_dir; }
+  std::string resolved_token_cache() const;
   /// Fills the derived values: schedule.total_steps = steps, and an automatic warmup
   /// (-1: 10% of the steps, at most 30). Idempotent.
   void finalize();
@@ -94,17 +100,22 @@ nlohmann::json to_json(const TrainConfig& config);
 /// The bundled corpus: $TDIST_GPT_DATA, else data/kjv.txt from the source tree this binary
 /// was built from, else ./data/kjv.txt.
 std::string default_data_path();
+/// The bundled tokenizer (data/tokenizer.json, trained on the corpus by
+/// tools/train_tokenizer.py), found as default_data_path finds the corpus.
+std::string default_tokenizer_path();
 
-/// `gpt export`: a run's weights for Python (examples/gpt/python/gpt_export.py).
+/// `gpt export`: a run's model as a Hugging Face folder (hf), or its weights for Python.
 struct ExportConfig {
   std::string run_dir;
-  std::string format = "safetensors";  ///< "pt" or "safetensors"
-  std::string out;                     ///< the weights file; its config goes beside, .json
-  int64_t step = -1;                   ///< -1: the newest complete checkpoint
+  std::string format = "hf";      ///< "hf", "pt", "safetensors" or "dcp"
+  std::string out;                ///< hf: the folder; else the weights file (config beside, .json)
+  int64_t step = -1;              ///< -1: the newest complete checkpoint
+  std::string dtype = "float32";  ///< hf: the saved weights' dtype (float32, bfloat16, float16)
 };
 
 struct GenerateConfig {
-  std::string run_dir;  ///< a training run dir (its newest checkpoint is used)
+  std::string run_dir;    ///< a training run dir (its newest checkpoint is used)
+  std::string model_dir;  ///< or a Hugging Face model folder
   std::string prompt = "And God said";
   SampleOptions sample;
   int threads = 0;

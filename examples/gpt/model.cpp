@@ -149,15 +149,4 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targe
                                               targets.reshape({-1}));
 }
 
-ParamGroups split_for_weight_decay(torch::nn::Module& module) {
-  ParamGroups groups;
-  for (auto& item : module.named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    const bool matrix = item.value().dim() >= 2;
-    const bool embedding = item.key().find("wpe") != std::string::npos;
-    (matrix && !embedding ? groups.decay : groups.no_decay).push_back(item.value());
-  }
-  return groups;
-}
-
 }  // namespace gpt

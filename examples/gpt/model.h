@@ -105,12 +105,4 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-/// Parameters that get weight decay (matrices) and those that do not (biases, LayerNorm,
-/// embeddings), as in GPT-2 / nanoGPT.
-struct ParamGroups {
-  std::vector<torch::Tensor> decay;
-  std::vector<torch::Tensor> no_decay;
-};
-ParamGroups split_for_weight_decay(torch::nn::Module& module);
-
 }  // namespace gpt

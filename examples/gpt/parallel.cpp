@@ -12,24 +12,41 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 #endif
 #ifdef TDIST_GPT_WITH_FSDP
+#include "tdist/fsdp/clip_grad.h"
+#include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/trace.h"
 #endif
+#include "tdist/models/pretrained.h"
 
 namespace gpt {
+
+ParamGroups split_for_weight_decay(torch::nn::Module& module) {
+  ParamGroups groups;
+  for (auto& item : module.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    const bool matrix = item.value().dim() >= 2;
+    const bool positions = item.key().find("wpe") != std::string::npos;
+    (matrix && !positions ? groups.decay : groups.no_decay).push_back(item.value());
+  }
+  return groups;
+}
+
 namespace {
 
 // One process: plain autograd.
 class SingleParallel : public Parallel {
  public:
-  explicit SingleParallel(GPT model) : model_(std::move(model)) {}
+  explicit SingleParallel(Model model) : model_(std::move(model)) {}
   std::string name() const override { return "single"; }
   torch::Tensor forward(const torch::Tensor& idx, bool /*sync*/) override {
     return model_->forward(idx);
   }
-  torch::Tensor forward_eval(const torch::Tensor& idx) override { return model_->forward(idx); }
+  torch::Tensor forward_eval(const torch::Tensor& idx, tdist::models::KVCache* cache) override {
+    return model_->forward(idx, cache);
+  }
   void backward(const torch::Tensor& loss) override { loss.backward(); }
   ParamGroups param_groups() override { return split_for_weight_decay(*model_); }
   double clip_grad_norm(double max_norm) override {
@@ -43,19 +60,20 @@ class SingleParallel : public Parallel {
     return slices;
   }
   bool replicated() const override { return true; }
-  GPT& model() override { return model_; }
+  Model& model() override { return model_; }
 
  protected:
-  GPT model_;
+  Model model_;
 };
 
 #if defined(TDIST_GPT_WITH_DDP)
 // tdist::ddp: replicated model, gradients all-reduced in buckets during backward.
 class DdpParallel : public SingleParallel {
  public:
-  explicit DdpParallel(GPT model)
+  explicit DdpParallel(Model model)
       : SingleParallel(std::move(model)),
-        ddp_(std::make_unique<tdist::ddp::DistributedDataParallel>(model_)) {}
+        ddp_(std::make_unique<tdist::ddp::DistributedDataParallel>(
+            std::static_pointer_cast<torch::nn::Module>(model_))) {}
   std::string name() const override { return "ddp"; }
   torch::Tensor forward(const torch::Tensor& idx, bool sync) override {
     no_sync_.reset();
@@ -78,7 +96,7 @@ class DdpParallel : public SingleParallel {
 // after the last micro-step's backward (no overlap with backward).
 class DdpParallel : public SingleParallel {
  public:
-  DdpParallel(GPT model, const World& world, Tracer& tracer)
+  DdpParallel(Model model, const World& world, Tracer& tracer)
       : SingleParallel(std::move(model)), world_(world), tracer_(tracer) {
     torch::NoGradGuard no_grad;
     for (auto& p : model_->parameters()) tdist::broadcast(p.data(), 0);
@@ -117,14 +135,25 @@ class DdpParallel : public SingleParallel {
 
 #ifdef TDIST_GPT_WITH_FSDP
 // tdist::fsdp::fully_shard: each block, then the root (embeddings, final norm, head), as
-// torchtitan's apply_fsdp does. Parameters, gradients and AdamW state are 1/N per rank.
+// torchtitan's apply_fsdp does. Parameters, gradients and AdamW state are 1/N per rank; with
+// HSDP, 1/S for a shard group of S = world / replicas ranks, the same on every replica.
 class FsdpParallel : public Parallel {
  public:
-  FsdpParallel(GPT model, const World& world, Tracer& tracer, bool cpu_offload)
-      : model_(std::move(model)), world_(world), tracer_(tracer) {
+  FsdpParallel(Model model, const World& world, Tracer& tracer, const ParallelOptions& options,
+               const std::function<void(Model&)>& materialize_fn)
+      : model_(std::move(model)),
+        world_(world),
+        tracer_(tracer),
+        shard_size_(world.world_size / options.replicas),
+        shard_rank_(world.rank % shard_size_) {
     ensure_process_group(world_);  // FSDP shards over a group, of one at world 1
-    for (auto& item : model_->named_parameters())
-      full_shapes_[item.key()] = item.value().sizes().vec();
+    // The whole shapes, whether the model arrives sharded (loaded into shards) or not.
+    {
+      tdist::fsdp::MetaDeviceGuard meta;
+      auto whole = tdist::models::build_model(model_->config());
+      for (auto& item : whole->named_parameters())
+        full_shapes_[item.key()] = item.value().sizes().vec();
+    }
     if (tracer_.enabled()) {
       // FSDP's all-gather / reduce-scatter phases go on the trace's communication row.
       const int64_t origin_ns = tracer_.origin_ns();
@@ -133,58 +162,37 @@ class FsdpParallel : public Parallel {
                          (span.end_ns - origin_ns) / 1000, /*tid=*/1);
       });
     }
-    tdist::fsdp::FullyShardOptions options;
-    // --cpu-offload: shards, gradients and AdamW state in host memory (page-locked for CUDA).
-    if (cpu_offload) {
-      options.offload_policy(tdist::fsdp::CPUOffloadPolicy(/*pin_memory=*/world.device.is_cuda()));
+    if (!tdist::fsdp::is_fully_sharded(*model_)) {
+      tdist::models::fully_shard_model(model_, fsdp_options(world, options));
     }
-    for (const auto& block : model_->block_list()) {
-      tdist::fsdp::fully_shard(std::static_pointer_cast<torch::nn::Module>(block), options);
-    }
-    tdist::fsdp::fully_shard(model_, options);
-    model_->set_block_runner([](const std::shared_ptr<BlockImpl>& block, const torch::Tensor& x) {
-      auto b = block;
-      return tdist::fsdp::forward(b, x);
-    });
+    if (materialize_fn) materialize_fn(model_);
   }
   ~FsdpParallel() override {
     if (tracer_.enabled()) tdist::fsdp::set_span_callback(nullptr);
   }
-  std::string name() const override { return "fsdp"; }
+  std::string name() const override { return shard_size_ == world_.world_size ? "fsdp" : "hsdp"; }
   // FSDP reduce-scatters on every backward; accumulation adds the reduced shards.
   torch::Tensor forward(const torch::Tensor& idx, bool /*sync*/) override {
     return tdist::fsdp::forward(model_, idx);
   }
-  torch::Tensor forward_eval(const torch::Tensor& idx) override {
-    return tdist::fsdp::forward(model_, idx);
+  torch::Tensor forward_eval(const torch::Tensor& idx, tdist::models::KVCache* cache) override {
+    return tdist::fsdp::forward(model_, idx, cache);
   }
   void backward(const torch::Tensor& loss) override { loss.backward(); }
   ParamGroups param_groups() override { return split_for_weight_decay(*model_); }
   double clip_grad_norm(double max_norm) override {
-    // The shards are disjoint: the squared norm is the sum over ranks of the local ones.
-    std::vector<torch::Tensor> grads;
-    auto sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(world_.device));
-    for (auto& p : model_->parameters()) {
-      if (!p.grad().defined()) continue;
-      grads.push_back(p.grad());
-      sq += p.grad().to(torch::kDouble).pow(2).sum();
-    }
-    tdist::all_reduce(sq, tdist::ReduceOp::SUM);
-    const double norm = std::sqrt(sq.item<double>());
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      torch::NoGradGuard no_grad;
-      for (auto& g : grads) g.mul_(coef);
-    }
-    return norm;
+    // The whole model's norm: the shards' partial norms summed over each shard group only
+    // (under HSDP the replicas hold the same shards).
+    return tdist::fsdp::clip_grad_norm_(*model_, max_norm).item<double>();
   }
   tdist::ShardedStateDict parameter_slices() override {
-    // Note [Dim-0 padding] (tdist/fsdp/shard_layout.h): rank r owns rows
-    // [row_offset, row_offset + local_rows) of each parameter.
+    // Note [Dim-0 padding] (tdist/fsdp/shard_layout.h): shard rank r owns rows
+    // [row_offset, row_offset + local_rows) of each parameter. HSDP's replicas describe the
+    // same slices; the checkpoint writes each once.
     tdist::ShardedStateDict slices;
     for (auto& item : model_->named_parameters()) {
       const auto& shape = full_shapes_.at(item.key());
-      auto layout = tdist::fsdp::ShardLayout::compute(shape, world_.world_size, world_.rank);
+      auto layout = tdist::fsdp::ShardLayout::compute(shape, shard_size_, shard_rank_);
       TDIST_CHECK_ARG(item.value().numel() == layout.local_numel(),
                       "gpt fsdp: parameter " + item.key() + " holds " +
                           std::to_string(item.value().numel()) + " elements on rank " +
@@ -197,12 +205,13 @@ class FsdpParallel : public Parallel {
     return slices;
   }
   bool replicated() const override { return false; }
-  GPT& model() override { return model_; }
+  Model& model() override { return model_; }
 
  private:
-  GPT model_;
+  Model model_;
   World world_;
   Tracer& tracer_;
+  int shard_size_, shard_rank_;  // the mesh (replicas, shard_size_) is row-major over ranks
   std::map<std::string, std::vector<int64_t>> full_shapes_;
 };
 #endif
@@ -223,8 +232,13 @@ ParallelMode resolve_mode(ParallelMode requested, const World& world) {
                 "--mode single needs one rank, but WORLD_SIZE=" + std::to_string(world.world_size) +
                     "; use --nproc 1 (or --mode ddp / fsdp)");
   }
+  if (requested == ParallelMode::kHsdp && !world.distributed()) {
+    TDIST_THROW(tdist::InvalidArgument,
+                "--mode hsdp needs several ranks (replica groups of shards); use --nproc 4 or "
+                "--mode single");
+  }
 #ifndef TDIST_GPT_WITH_FSDP
-  if (requested == ParallelMode::kFsdp) {
+  if (requested == ParallelMode::kFsdp || requested == ParallelMode::kHsdp) {
     TDIST_THROW(tdist::InvalidArgument,
                 "--mode fsdp: this gpt was built without tdist::fsdp; use --mode ddp, or rebuild "
                 "with the fsdp area (-DTDIST_GPT_WITH_FSDP=ON)");
@@ -233,12 +247,54 @@ ParallelMode resolve_mode(ParallelMode requested, const World& world) {
   return requested;
 }
 
-std::unique_ptr<Parallel> make_parallel(ParallelMode mode, GPT model, const World& world,
-                                        Tracer& tracer, bool cpu_offload) {
+int64_t resolve_replicas(int64_t requested, const World& world) {
+  const int64_t nodes = world.local_world_size > 0 ? world.world_size / world.local_world_size : 1;
+  const int64_t replicas = requested > 0 ? requested : nodes > 1 ? nodes : 2;
+  TDIST_CHECK_ARG(replicas >= 2 && world.world_size % replicas == 0,
+                  "--mode hsdp: --replicas " + std::to_string(replicas) +
+                      " must be >= 2 and divide the world size " +
+                      std::to_string(world.world_size) +
+                      " (each replica group shards the model over world / replicas ranks); "
+                      "pick --replicas among the divisors, or --mode fsdp");
+  return replicas;
+}
+
+tdist::fsdp::FullyShardOptions fsdp_options(const World& world, const ParallelOptions& options) {
+  tdist::fsdp::FullyShardOptions fsdp;
+#ifdef TDIST_GPT_WITH_FSDP
+  // HSDP: shard along the mesh's second dimension, all-reduce gradients along its first.
+  if (options.replicas > 1) {
+    fsdp.mesh(tdist::mesh::init_device_mesh(world.device.is_cuda() ? "cuda" : "cpu",
+                                            {options.replicas, world.world_size / options.replicas},
+                                            {"replicate", "shard"}));
+  }
+  // --cpu-offload: shards, gradients and AdamW state in host memory (page-locked for CUDA).
+  if (options.cpu_offload) {
+    fsdp.offload_policy(tdist::fsdp::CPUOffloadPolicy(/*pin_memory=*/world.device.is_cuda()));
+  }
+  // --mixed-precision bf16: FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
+  if (options.bf16) {
+    fsdp.mp_policy(tdist::fsdp::MixedPrecisionPolicy()
+                       .param_dtype(torch::kBFloat16)
+                       .reduce_dtype(torch::kFloat32));
+  }
+#else
+  (void)world;
+  (void)options;
+#endif
+  return fsdp;
+}
+
+std::unique_ptr<Parallel> make_parallel(ParallelMode mode, Model model, const World& world,
+                                        Tracer& tracer, const ParallelOptions& options,
+                                        const std::function<void(Model&)>& materialize_fn) {
   (void)tracer;
-  TDIST_CHECK_ARG(!cpu_offload || mode == ParallelMode::kFsdp,
-                  "--cpu-offload needs --mode fsdp (got " + to_string(mode) +
-                      "): only sharded parameters can live on the host");
+  const bool cpu_offload = options.cpu_offload;
+  const bool sharded = mode == ParallelMode::kFsdp || mode == ParallelMode::kHsdp;
+  if (!sharded && materialize_fn) materialize_fn(model);
+  TDIST_CHECK_ARG(!cpu_offload || sharded, "--cpu-offload needs --mode fsdp or hsdp (got " +
+                                               to_string(mode) +
+                                               "): only sharded parameters can live on the host");
   switch (mode) {
     case ParallelMode::kSingle:
       return std::make_unique<SingleParallel>(std::move(model));
@@ -252,8 +308,10 @@ std::unique_ptr<Parallel> make_parallel(ParallelMode mode, GPT model, const Worl
       TDIST_THROW(tdist::InvalidArgument, "--mode ddp needs tdist::comm in this build");
 #endif
     case ParallelMode::kFsdp:
+    case ParallelMode::kHsdp:
 #ifdef TDIST_GPT_WITH_FSDP
-      return std::make_unique<FsdpParallel>(std::move(model), world, tracer, cpu_offload);
+      return std::make_unique<FsdpParallel>(std::move(model), world, tracer, options,
+                                            materialize_fn);
 #else
       TDIST_THROW(tdist::InvalidArgument,
                   "--mode fsdp: this gpt was built without tdist::fsdp; use --mode ddp");

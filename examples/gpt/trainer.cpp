@@ -17,20 +17,19 @@
 #include "gpt/autocast.h"
 #include "gpt/checkpointing.h"
 #include "gpt/cli.h"
-#include "gpt/corpus.h"
+#include "gpt/dataset.h"
 #include "gpt/generate.h"
 #include "gpt/launcher.h"
 #include "gpt/memory.h"
 #include "gpt/metrics.h"
-#include "gpt/model.h"
 #include "gpt/parallel.h"
 #include "gpt/plot.h"
 #include "gpt/progress.h"
 #include "gpt/trace.h"
 #include "tdist/error.h"
-#ifdef TDIST_GPT_WITH_FSDP
 #include "tdist/fsdp/deferred_init.h"
-#endif
+#include "tdist/models/pretrained.h"
+#include "tdist/models/tokenizer.h"
 
 namespace gpt {
 namespace fs = std::filesystem;
@@ -82,17 +81,17 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 
 // Mean validation loss over eval_batches batches per rank (the same batches every time, so
 // successive values compare), averaged over ranks. Collective.
-double evaluate(Parallel& parallel, const BatchSampler& val_sampler, const TrainConfig& c,
-                const World& world, Tracer& tracer) {
+double evaluate(Parallel& parallel, const PackedLoader& val_loader, const TrainConfig& c,
+                const World& world, Tracer& tracer, bool autocast_bf16) {
   TraceSpan span(tracer, "validation", "eval");
   torch::NoGradGuard no_grad;
-  AutocastGuard autocast(c.mixed_precision == "bf16", world.device.type());
+  AutocastGuard autocast(autocast_bf16, world.device.type());
   auto& model = parallel.model();
   const bool was_training = model->is_training();
   model->eval();
   double total = 0.0;
   for (int64_t i = 0; i < c.eval_batches; ++i) {
-    auto batch = val_sampler.get(/*step=*/0, /*micro_step=*/i).to(world.device);
+    auto batch = val_loader.get(/*position=*/0, /*micro=*/i).to(world.device);
     total += cross_entropy(parallel.forward_eval(batch.x), batch.y).item<double>();
   }
   if (was_training) model->train();
@@ -149,37 +148,105 @@ std::string human_count(int64_t n) {
   return out.str();
 }
 
-// The model, the same on every rank: initialised from the global seed by its constructor, or
-// (--deferred-init) built on the meta device for materialize_model to initialise.
-GPT build_model(const TrainConfig& c) {
-  if (!c.deferred_init) {
-    torch::manual_seed(c.seed);
-    return GPT(c.model);
+// The tokenizer: --tokenizer, else the fine-tuned folder's, else the bundled one.
+std::string tokenizer_path(const TrainConfig& c) {
+  if (!c.tokenizer_path.empty()) return c.tokenizer_path;
+  if (!c.model.from.empty()) {
+    c.model.check_from_folder();
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      if (fs::is_regular_file(fs::path(c.model.from) / name)) {
+        return (fs::path(c.model.from) / name).string();
+      }
+    }
+    TDIST_THROW(tdist::InvalidArgument,
+                "--from " + c.model.from +
+                    " has no tokenizer.json or tokenizer.model; pass --tokenizer FILE");
   }
-#ifdef TDIST_GPT_WITH_FSDP
-  tdist::fsdp::MetaDeviceGuard meta;
-  return GPT(c.model);
-#else
-  TDIST_THROW(tdist::InvalidArgument,
-              "--deferred-init needs a gpt built with the fsdp area (-DTDIST_GPT_WITH_FSDP=ON)");
-#endif
+  return default_tokenizer_path();
 }
 
-// Deferred init: each module from its own seed (GPT-2's rule), this rank's shards only when
-// FSDP has sharded the model already.
-void materialize_model(GPT& model, const TrainConfig& c, const torch::Device& device) {
-#ifdef TDIST_GPT_WITH_FSDP
-  const ModelConfig config = c.model;
-  tdist::fsdp::materialize(model,
-                           tdist::fsdp::MaterializeOptions().seed(c.seed).device(device).init_fn(
-                               [config](const std::string& name, torch::nn::Module& module) {
-                                 GPTImpl::init_module(config, name, module);
-                               }));
-#else
-  (void)model;
-  (void)c;
-  (void)device;
-#endif
+// A special token named by tokenizer_config.json beside the tokenizer ("bos_token",
+// "eos_token": a string or {"content": ...}), as transformers reads it.
+std::optional<int64_t> special_token(const tdist::models::Tokenizer& tokenizer,
+                                     const std::string& tokenizer_file, const std::string& key) {
+  std::ifstream in(fs::path(tokenizer_file).parent_path() / "tokenizer_config.json");
+  if (!in) return std::nullopt;
+  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains(key)) return std::nullopt;
+  const auto& value = json[key];
+  const std::string token = value.is_string() ? value.get<std::string>()
+                            : value.is_object() && value.contains("content")
+                                ? value["content"].get<std::string>()
+                                : std::string();
+  return token.empty() ? std::nullopt : tokenizer.token_to_id(token);
+}
+
+// The model's config, checked against the tokenizer and the sequence length.
+tdist::models::ModelConfig model_config(const TrainConfig& c,
+                                        const tdist::models::Tokenizer& tokenizer,
+                                        const std::string& tokenizer_file) {
+  const auto bos = special_token(tokenizer, tokenizer_file, "bos_token");
+  const auto eos = special_token(tokenizer, tokenizer_file, "eos_token");
+  auto config = c.model.resolve(tokenizer.vocab_size(), bos, eos);
+  TDIST_CHECK_ARG(
+      tokenizer.vocab_size() <= config.vocab_size,
+      "the tokenizer " + tokenizer_file + " has " + std::to_string(tokenizer.vocab_size()) +
+          " tokens, more than the model's vocab_size " + std::to_string(config.vocab_size) +
+          ": its ids would index past the embedding. Pass the model's own "
+          "tokenizer (--tokenizer)");
+  TDIST_CHECK_ARG(c.model.block_size <= config.max_position_embeddings,
+                  "--block-size " + std::to_string(c.model.block_size) +
+                      " is longer than the model's max_position_embeddings (" +
+                      std::to_string(config.max_position_embeddings) + "); lower --block-size");
+  return config;
+}
+
+// The token stream of every --data file (comma-separated), text tokenized once into the
+// cache by rank 0 while the others wait.
+torch::Tensor load_tokens(const TrainConfig& c, const tdist::models::Tokenizer& tokenizer,
+                          const std::string& tokenizer_file, std::optional<int64_t> eos,
+                          int64_t vocab_size, const World& world) {
+  const DataFormat requested = parse_data_format(c.data_format);
+  std::vector<torch::Tensor> parts;
+  std::stringstream list(c.data_path);
+  std::string path;
+  while (std::getline(list, path, ',')) {
+    if (path.empty()) continue;
+    const DataFormat format = format_of(path, requested);
+    if (format != DataFormat::kText) {
+      parts.push_back(read_token_file(path, format, vocab_size));
+      continue;
+    }
+    const std::string cache = token_cache_path(c.resolved_token_cache(), path, tokenizer_file, eos);
+    if (world.is_main() && !fs::exists(cache)) write_token_cache(path, tokenizer, eos, cache);
+    barrier(world);
+    parts.push_back(read_token_file(cache, DataFormat::kUint32, vocab_size));
+  }
+  TDIST_CHECK_ARG(!parts.empty(), "--data names no file");
+  return parts.size() == 1 ? parts[0] : torch::cat(parts);
+}
+
+// <run_dir>/model/: config.json and the tokenizer's files, what export and generate read.
+void write_model_files(const std::string& run_dir, const tdist::models::ModelConfig& config,
+                       const std::string& tokenizer_file) {
+  const fs::path dir = model_files_dir(run_dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.to_json() << "\n";
+  const fs::path from = fs::path(tokenizer_file).parent_path();
+  fs::copy_file(tokenizer_file, dir / fs::path(tokenizer_file).filename(),
+                fs::copy_options::overwrite_existing);
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    if (fs::is_regular_file(from / name)) {
+      fs::copy_file(from / name, dir / name, fs::copy_options::overwrite_existing);
+    }
+  }
+}
+
+int64_t count_parameters(const tdist::models::ModelConfig& config) {
+  tdist::fsdp::MetaDeviceGuard meta;
+  int64_t n = 0;
+  for (const auto& p : tdist::models::build_model(config)->parameters()) n += p.numel();
+  return n;
 }
 
 }  // namespace
@@ -207,22 +274,64 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   barrier(world);
   Tracer tracer(world.rank, c.trace);
 
-  // Data: every rank reads the file; the samplers give each rank its share of a batch.
-  Corpus corpus(c.data_path, c.val_fraction, c.model.block_size);
-  BatchSampler train_sampler(corpus.train(), c.model.block_size, c.batch_size, world.rank,
-                             world.world_size, c.seed, c.grad_accum);
-  // Validation: eval_batches "micro-steps" of one fixed step, the same windows every time.
-  BatchSampler val_sampler(corpus.val(), c.model.block_size, c.batch_size, world.rank,
-                           world.world_size, c.seed + 1, c.eval_batches);
+  // Tokenizer, model config and data: every rank reads them; rank 0 tokenizes text once.
+  const std::string tokenizer_file = tokenizer_path(c);
+  const auto tokenizer = tdist::models::Tokenizer::from_file(tokenizer_file);
+  const tdist::models::ModelConfig model_cfg = model_config(c, tokenizer, tokenizer_file);
+  const std::optional<int64_t> eos = model_cfg.eos_token_ids.empty()
+                                         ? std::nullopt
+                                         : std::optional<int64_t>(model_cfg.eos_token_ids.front());
+  const torch::Tensor tokens =
+      load_tokens(c, tokenizer, tokenizer_file, eos, model_cfg.vocab_size, world);
+  const int64_t block = c.model.block_size;
+  const int64_t n_val = static_cast<int64_t>(static_cast<double>(tokens.numel()) * c.val_fraction);
+  TDIST_CHECK_ARG(n_val >= block + 1 && tokens.numel() - n_val >= block + 1,
+                  "--data holds " + std::to_string(tokens.numel()) +
+                      " tokens, too few for a training and a validation sequence of --block-size " +
+                      std::to_string(block) + " with --val-fraction " +
+                      std::to_string(c.val_fraction) + "; use more data or a smaller --block-size");
+  const torch::Tensor train_tokens = tokens.narrow(0, 0, tokens.numel() - n_val);
+  const torch::Tensor val_tokens = tokens.narrow(0, tokens.numel() - n_val, n_val);
+  PackedLoader train_loader(train_tokens, block, c.batch_size, world.rank, world.world_size,
+                            c.grad_accum, c.seed, /*shuffle=*/true);
+  // Validation: eval_batches "micro-steps" at position 0, the same sequences every time.
+  PackedLoader val_loader(val_tokens, block, c.batch_size, world.rank, world.world_size,
+                          c.eval_batches, c.seed, /*shuffle=*/false);
 
-  // Model: the same initialisation on every rank. Deferred init materialises after FSDP has
-  // sharded the model (each rank then allocates its shards only), before DDP's broadcast.
-  // A model built whole moves to the device before FSDP shards it or DDP replicates it.
-  GPT model = build_model(c);
-  if (!c.deferred_init) model->to(world.device);
-  if (c.deferred_init && mode != ParallelMode::kFsdp) materialize_model(model, c, world.device);
-  auto parallel = make_parallel(mode, model, world, tracer, c.cpu_offload);
-  if (c.deferred_init && mode == ParallelMode::kFsdp) materialize_model(model, c, world.device);
+  // Model: pretraining builds it on the meta device and initialises it from per-module seeds
+  // (after sharding under FSDP, so each rank allocates only its shards); fine-tuning loads
+  // the folder (straight into shards under FSDP).
+  const bool fsdp = mode == ParallelMode::kFsdp || mode == ParallelMode::kHsdp;
+  const ParallelOptions parallel_options{
+      c.cpu_offload, fsdp && c.mixed_precision == "bf16",
+      mode == ParallelMode::kHsdp ? resolve_replicas(c.replicas, world) : 1};
+  if (fsdp) ensure_process_group(world);
+  Model model;
+  std::function<void(Model&)> materialize_fn;
+  if (!c.model.from.empty()) {
+    model = tdist::models::from_pretrained(
+        c.model.from, tdist::models::LoadOptions()
+                          .dtype(torch::kFloat)
+                          .device(c.cpu_offload ? torch::Device(torch::kCPU) : world.device)
+                          .fully_shard(fsdp)
+                          .fsdp_options(fsdp_options(world, parallel_options)));
+  } else {
+    {
+      tdist::fsdp::MetaDeviceGuard meta;  // shapes only: materialize_fn allocates
+      model = tdist::models::build_model(model_cfg);
+    }
+    const auto device = c.cpu_offload ? torch::Device(torch::kCPU) : world.device;
+    materialize_fn = [&c, &model_cfg, device](Model& m) {
+      tdist::fsdp::materialize(
+          m, tdist::fsdp::MaterializeOptions().seed(c.seed).device(device).init_fn(
+                 tdist::models::init_weights_fn(model_cfg)));
+    };
+  }
+  const int64_t n_params = count_parameters(model_cfg);
+  model->set_activation_checkpointing(c.activation_checkpointing);
+  auto parallel = make_parallel(mode, model, world, tracer, parallel_options, materialize_fn);
+  // bf16 without FSDP's policy: autocast around forward.
+  const bool autocast_bf16 = c.mixed_precision == "bf16" && !fsdp;
   auto optimizer = make_optimizer(*parallel, c);
   Checkpointer checkpointer(run_dir, world);
 
@@ -239,9 +348,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     }
   }
   barrier(world);
+  int64_t data_position = 0;
   if (c.resume) {
-    if (auto step = checkpointer.load_latest(*parallel, *optimizer)) {
-      result.start_step = *step;
+    if (auto resumed = checkpointer.load_latest(*parallel, *optimizer)) {
+      result.start_step = resumed->step;
+      data_position = resumed->data_position;
     } else if (show) {
       out << "resume: no checkpoint in " << checkpointer.root() << ", starting fresh\n";
     }
@@ -254,25 +365,25 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   std::unique_ptr<MetricsWriter> metrics;
   if (main) {
     std::ofstream(config_path(run_dir)) << to_json(c).dump(2) << "\n";
+    write_model_files(run_dir, model_cfg, tokenizer_file);
     const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
     if (result.start_step > 0) truncate_metrics_after(metrics_path, result.start_step);
     metrics = std::make_unique<MetricsWriter>(metrics_path, /*append=*/result.start_step > 0);
   }
-  const int64_t tokens_per_step =
-      c.batch_size * c.model.block_size * c.grad_accum * world.world_size;
+  const int64_t tokens_per_step = c.batch_size * block * c.grad_accum * world.world_size;
   if (show) {
-    out << "gpt: " << human_count(c.model.num_parameters()) << " parameters ("
-        << c.model.to_string() << ")\n"
+    out << "gpt: " << human_count(n_params) << " parameters ("
+        << tdist::models::architecture_of(model_cfg.family) << ", " << c.model.describe() << ")\n"
         << "     " << world.world_size << (world.world_size == 1 ? " rank" : " ranks") << ", mode "
         << result.mode << ", " << world.device.str() << ", " << torch::get_num_threads()
         << " thread(s) per rank\n"
-        << "data: " << corpus.path() << " (" << human_count(corpus.size_bytes())
-        << " bytes: " << human_count(corpus.train().numel()) << " train / "
-        << human_count(corpus.val().numel()) << " val tokens)\n"
-        << "batch: " << c.batch_size << " x " << c.model.block_size << " tokens x "
-        << world.world_size << " rank(s) x " << c.grad_accum << " accum = " << tokens_per_step
-        << " tokens/step; " << c.steps << " steps, lr " << c.schedule.max_lr << " (warmup "
-        << c.schedule.warmup_steps << ", cosine to " << c.schedule.min_lr << ")\n"
+        << "data: " << c.data_path << " (" << human_count(train_tokens.numel()) << " train / "
+        << human_count(val_tokens.numel()) << " val tokens; tokenizer " << tokenizer_file << ", "
+        << tokenizer.vocab_size() << " tokens)\n"
+        << "batch: " << c.batch_size << " x " << block << " tokens x " << world.world_size
+        << " rank(s) x " << c.grad_accum << " accum = " << tokens_per_step << " tokens/step; "
+        << c.steps << " steps, lr " << c.schedule.max_lr << " (warmup " << c.schedule.warmup_steps
+        << ", cosine to " << c.schedule.min_lr << ")\n"
         << "run dir: " << run_dir << "  (checkpoints: " << Checkpointer::backend_name() << ")\n";
     if (result.start_step > 0) {
       out << "resumed from step " << result.start_step;
@@ -292,7 +403,9 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
       progress.message(line.str());
     }
   };
-  if (result.start_step == 0) log_val(0, evaluate(*parallel, val_sampler, c, world, tracer));
+  if (result.start_step == 0) {
+    log_val(0, evaluate(*parallel, val_loader, c, world, tracer, autocast_bf16));
+  }
 
   // Training loop.
   parallel->model()->train();
@@ -305,11 +418,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     set_learning_rate(*optimizer, lr);
     double loss_sum = 0.0;
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
-      auto batch = train_sampler.get(step, micro).to(world.device);
+      auto batch = train_loader.get(data_position, micro).to(world.device);
       torch::Tensor loss;
       {
         TraceSpan span(tracer, "forward", "compute");
-        AutocastGuard autocast(c.mixed_precision == "bf16", world.device.type());
+        AutocastGuard autocast(autocast_bf16, world.device.type());
         const bool sync = micro == c.grad_accum - 1;
         loss = cross_entropy(parallel->forward(batch.x, sync), batch.y) /
                static_cast<double>(c.grad_accum);
@@ -320,6 +433,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
       }
       loss_sum += loss.item<double>();
     }
+    data_position += train_loader.global_batch();
     double grad_norm = 0.0;
     {
       TraceSpan span(tracer, "optimizer", "compute");
@@ -381,11 +495,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     }
     const bool last = done == c.steps;
     if ((c.eval_interval > 0 && done % c.eval_interval == 0) || last) {
-      log_val(done, evaluate(*parallel, val_sampler, c, world, tracer));
+      log_val(done, evaluate(*parallel, val_loader, c, world, tracer, autocast_bf16));
     }
     if (c.checkpoint_interval > 0 && (done % c.checkpoint_interval == 0 || last)) {
       TraceSpan span(tracer, "checkpoint", "io");
-      checkpointer.save(done, *parallel, *optimizer);
+      checkpointer.save(done, data_position, *parallel, *optimizer);
     }
   }
   if (show) progress.finish();
@@ -403,18 +517,26 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   if (main) {
     write_loss_plot((fs::path(run_dir) / "metrics.jsonl").string(),
                     (fs::path(run_dir) / "loss.svg").string(),
-                    "GPT on " + fs::path(corpus.path()).filename().string() + " (" +
+                    tdist::models::architecture_of(model_cfg.family) + " on " +
+                        fs::path(c.data_path).filename().string() + " (" +
                         std::to_string(world.world_size) + " rank(s), " + result.mode + ")");
   }
   if (c.sample.max_new_tokens > 0) {
     TraceSpan span(tracer, "generate", "eval");
+    // The sample stays within the model's positions.
+    SampleOptions sample = c.sample;
+    const auto prompt_tokens = static_cast<int64_t>(tokenizer.encode(c.prompt).size());
+    sample.max_new_tokens = std::max<int64_t>(
+        0, std::min(sample.max_new_tokens, model_cfg.max_position_embeddings - prompt_tokens));
     if (parallel->replicated()) {
-      if (main) result.sample = generate(parallel->model(), c.prompt, c.sample);
+      if (main) result.sample = generate_text(*parallel->model(), tokenizer, c.prompt, sample);
     } else {
       // Sharded: every rank samples in lockstep (each forward is collective); the same
       // seed gives every rank the same tokens.
-      auto text = generate(parallel->model(), c.prompt, c.sample,
-                           [&](const torch::Tensor& idx) { return parallel->forward_eval(idx); });
+      auto text = generate_text(*parallel->model(), tokenizer, c.prompt, sample,
+                                [&](const torch::Tensor& ids, tdist::models::KVCache* cache) {
+                                  return parallel->forward_eval(ids, cache);
+                                });
       if (main) result.sample = text;
     }
   }
@@ -431,7 +553,8 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     out << "\n";
     if (!result.sample.empty()) {
       out << "--- sample (prompt \"" << c.prompt << "\", temperature " << c.sample.temperature
-          << ", top-k " << c.sample.top_k << ", seed " << c.sample.seed << ") ---\n"
+          << ", top-k " << c.sample.top_k << ", top-p " << c.sample.top_p << ", seed "
+          << c.sample.seed << ") ---\n"
           << c.prompt << result.sample << "\n---\n";
     }
     out << "outputs: " << run_dir << "/{metrics.jsonl, loss.svg"
@@ -439,7 +562,9 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
         << (c.checkpoint_interval > 0 ? ", checkpoints/" : "") << ", config.json}\n";
     if (c.checkpoint_interval > 0) {
       out << "sample again: gpt generate --run-dir " << run_dir << " --prompt \"" << c.prompt
-          << "\"\n";
+          << "\"\n"
+          << "for transformers: gpt export --run-dir " << run_dir << " --out " << run_dir
+          << "/hf\n";
     }
     out.flush();
   }
@@ -467,8 +592,19 @@ int run_train_command(const TrainConfig& config, const std::vector<std::string>&
 int run_generate_command(const GenerateConfig& config) {
   try {
     if (config.threads > 0) torch::set_num_threads(config.threads);
-    GPT model = load_model_from_run(config.run_dir);
-    std::cout << config.prompt << generate(model, config.prompt, config.sample) << "\n";
+    TDIST_CHECK_ARG(config.run_dir.empty() != config.model_dir.empty(),
+                    "gpt generate: pass one of --run-dir (a training run) or --model (a Hugging "
+                    "Face model folder)");
+    const std::string dir =
+        config.model_dir.empty() ? model_files_dir(config.run_dir) : config.model_dir;
+    Model model = config.model_dir.empty() ? load_model_from_run(config.run_dir)
+                                           : tdist::models::from_pretrained(dir);
+    std::string tokenizer_file = (fs::path(dir) / "tokenizer.json").string();
+    if (!fs::is_regular_file(tokenizer_file))
+      tokenizer_file = (fs::path(dir) / "tokenizer.model").string();
+    const auto tokenizer = tdist::models::Tokenizer::from_file(tokenizer_file);
+    std::cout << config.prompt << generate_text(*model, tokenizer, config.prompt, config.sample)
+              << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "gpt generate: error: " << user_message(e) << "\n";

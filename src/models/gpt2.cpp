@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/forward.h"
 
 namespace tdist::models {
@@ -98,7 +99,8 @@ at::Tensor GPT2LMHeadModel::logits(const at::Tensor& input_ids, KVCache* cache) 
   context.add_window(0, length, x.device());
   for (size_t i = 0; i < transformer->h->size(); ++i) {
     auto block = transformer->h->ptr<GPT2BlockImpl>(i);
-    x = fsdp::forward(block, x, context);
+    x = activation_checkpointing() ? fsdp::checkpointed_forward(block, x, context)
+                                   : fsdp::forward(block, x, context);
   }
   x = transformer->ln_f->forward(x);
   return lm_head ? lm_head->forward(x) : at::linear(x, transformer->wte->weight);

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/models/rotary.h"
 
@@ -102,7 +103,8 @@ at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids, KVCache* cache)
   for (int64_t window : config().sliding_windows) context.add_window(window, length, x.device());
   for (size_t i = 0; i < model->layers->size(); ++i) {
     auto layer = model->layers->ptr<LlamaDecoderLayerImpl>(i);
-    x = fsdp::forward(layer, x, context);
+    x = activation_checkpointing() ? fsdp::checkpointed_forward(layer, x, context)
+                                   : fsdp::forward(layer, x, context);
   }
   x = model->norm->forward(x);
   return lm_head ? lm_head->forward(x) : at::linear(x, model->embed_tokens->weight);

@@ -67,6 +67,61 @@ TEST(GptCli, FlagsSetFields) {
   EXPECT_EQ(offload.command.train.device, "cpu");
 }
 
+TEST(GptCli, ModelDataAndSamplingFlags) {
+  auto p = parse({"--family",
+                  "qwen2",
+                  "--n-head",
+                  "8",
+                  "--n-kv-head",
+                  "2",
+                  "--n-embd",
+                  "256",
+                  "--intermediate",
+                  "512",
+                  "--max-positions",
+                  "1024",
+                  "--rope-theta",
+                  "1e6",
+                  "--tokenizer",
+                  "tok.json",
+                  "--data",
+                  "a.bin,b.txt",
+                  "--data-format",
+                  "uint16",
+                  "--activation-checkpointing",
+                  "--top-p",
+                  "0.9",
+                  "--temperature",
+                  "0"});
+  ASSERT_EQ(p.code, -1) << p.err;
+  const auto& c = p.command.train;
+  EXPECT_EQ(c.model.family, "qwen2");
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_EQ(c.model.intermediate, 512);
+  EXPECT_EQ(c.model.max_positions, 1024);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 1e6);
+  EXPECT_EQ(c.tokenizer_path, "tok.json");
+  EXPECT_EQ(c.data_path, "a.bin,b.txt");
+  EXPECT_EQ(c.data_format, "uint16");
+  EXPECT_TRUE(c.activation_checkpointing);
+  EXPECT_DOUBLE_EQ(c.sample.top_p, 0.9);
+  EXPECT_DOUBLE_EQ(c.sample.temperature, 0.0);  // greedy
+  auto h = parse({"--mode", "hsdp", "--replicas", "2"});
+  ASSERT_EQ(h.code, -1) << h.err;
+  EXPECT_EQ(h.command.train.mode, gpt::ParallelMode::kHsdp);
+  EXPECT_EQ(h.command.train.replicas, 2);
+  auto f = parse({"--from", "models/llama"});
+  ASSERT_EQ(f.code, -1) << f.err;
+  EXPECT_EQ(f.command.train.model.from, "models/llama");
+  auto g = parse({"generate", "--model", "hf", "--top-p", "0.5"});
+  ASSERT_EQ(g.code, -1) << g.err;
+  EXPECT_EQ(g.command.generate.model_dir, "hf");
+  auto x = parse({"export", "--run-dir", "runs/a", "--out", "runs/a/hf"});
+  ASSERT_EQ(x.code, -1) << x.err;
+  EXPECT_EQ(x.command.exported.format, "hf");  // the default: a Hugging Face folder
+  EXPECT_EQ(x.command.exported.dtype, "float32");
+}
+
 TEST(GptCli, HelpListsFlagsAndExitsZero) {
   auto p = parse({"--help"});
   EXPECT_EQ(p.code, 0);
@@ -84,15 +139,22 @@ TEST(GptCli, BadValuesGiveClearErrors) {
   expect_error({"--steps", "abc"}, "--steps");
   expect_error({"--lr", "-1"}, "--lr");
   expect_error({"--mode", "tensor"}, "--mode");
-  expect_error({"--n-embd", "130", "--n-head", "4"}, "divisible by n_head");
+  expect_error({"--n-embd", "130", "--n-head", "4"}, "multiple of --n-head");
+  expect_error({"--n-head", "4", "--n-kv-head", "3"}, "--n-kv-head");
+  expect_error({"--family", "bert"}, "--family");
+  expect_error({"--from", "a", "--model-config", "b.json"}, "--from");
+  expect_error({"--data-format", "int8"}, "--data-format");
+  expect_error({"--top-p", "0"}, "--top-p");
+  expect_error({"export", "--run-dir", "r", "--out", "o", "--format", "onnx"}, "--format");
   expect_error({"--warmup", "500", "--steps", "100"}, "--warmup");
   expect_error({"--min-lr", "1", "--lr", "0.1"}, "--min-lr");
-  expect_error({"--temperature", "0"}, "--temperature");
+  expect_error({"--temperature", "-1"}, "--temperature");
   expect_error({"--mixed-precision", "fp8"}, "--mixed-precision");
   expect_error({"--device", "tpu"}, "--device");
   expect_error({"--no-such-flag"}, "--no-such-flag");
   expect_error({"--name", "a/b"}, "--name");
   expect_error({"generate"}, "--run-dir");
+  expect_error({"generate", "--run-dir", "r", "--model", "m"}, "--model");
 }
 
 TEST(GptCli, ErrorsSuggestHelpAndCarryNoSourceStamp) {

@@ -1,20 +1,21 @@
-// Unit tests of the GPT example's parts: tokenizer, schedule, model, sampler, generation,
-// plot and progress formatting.
+// Unit tests of the trainer's parts: schedule, the benchmarks' GPT, the packed data loader and
+// token files, the model spec, plot and progress formatting.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "gpt/corpus.h"
-#include "gpt/generate.h"
+#include "gpt/dataset.h"
 #include "gpt/model.h"
+#include "gpt/model_spec.h"
 #include "gpt/plot.h"
 #include "gpt/progress.h"
 #include "gpt/schedule.h"
-#include "gpt/tokenizer.h"
 #include "gpt/trace.h"
 #include "tdist/error.h"
 
@@ -27,24 +28,6 @@ gpt::ModelConfig tiny_model() {
   c.n_head = 2;
   c.n_embd = 16;
   return c;
-}
-
-TEST(GptTokenizer, RoundTripsEveryByte) {
-  gpt::ByteTokenizer tok;
-  std::string text;
-  for (int b = 0; b < 256; ++b) text.push_back(static_cast<char>(b));
-  text += "In the beginning God created the heaven and the earth.\n";
-  auto ids = tok.encode(text);
-  ASSERT_EQ(ids.size(), text.size());
-  EXPECT_EQ(ids[65], 65);
-  EXPECT_EQ(tok.decode(ids), text);
-  EXPECT_EQ(tok.vocab_size(), 256);
-}
-
-TEST(GptTokenizer, RejectsOutOfRangeIds) {
-  gpt::ByteTokenizer tok;
-  EXPECT_THROW(tok.decode({65, 256}), tdist::InvalidArgument);
-  EXPECT_THROW(tok.decode({-1}), tdist::InvalidArgument);
 }
 
 TEST(GptSchedule, WarmupThenCosineToMin) {
@@ -116,68 +99,171 @@ TEST(GptModel, RejectsBadConfig) {
   EXPECT_THROW(model->forward(torch::zeros({1, 17}, torch::kLong)), tdist::InvalidArgument);
 }
 
-TEST(GptSampler, RanksSplitTheWorldOneBatch) {
-  auto tokens = torch::arange(5000, torch::kLong);
-  const int64_t block = 8, batch = 3;
-  gpt::BatchSampler whole(tokens, block, batch * 2, 0, 1, 7);
-  gpt::BatchSampler r0(tokens, block, batch, 0, 2, 7), r1(tokens, block, batch, 1, 2, 7);
-  auto w = whole.get(5, 0), a = r0.get(5, 0), b = r1.get(5, 0);
-  EXPECT_EQ(a.x.sizes(), (std::vector<int64_t>{batch, block}));
-  // rank r holds rows r, r + 2, r + 4 of the world-1 batch
-  for (int64_t i = 0; i < batch; ++i) {
-    EXPECT_TRUE(torch::equal(a.x[i], w.x[2 * i]));
-    EXPECT_TRUE(torch::equal(b.x[i], w.x[2 * i + 1]));
+std::set<std::vector<int64_t>> rows_of(const torch::Tensor& x) {
+  std::set<std::vector<int64_t>> rows;
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    auto row = x[i].contiguous();
+    rows.insert(
+        std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()));
   }
-  EXPECT_TRUE(torch::equal(a.y.select(1, 0), a.x.select(1, 1)));  // targets shifted by one
-  EXPECT_TRUE(torch::equal(r0.get(5, 0).x, a.x));                 // deterministic
-  EXPECT_FALSE(torch::equal(r0.get(6, 0).x, a.x));                // new step, new windows
-  // grad_accum 2: micro-step m holds rows m * batch .. of the same global batch
-  gpt::BatchSampler accum(tokens, block, batch, 0, 1, 7, /*grad_accum=*/2);
-  for (int64_t i = 0; i < batch; ++i) {
-    EXPECT_TRUE(torch::equal(accum.get(5, 0).x[i], w.x[i]));
-    EXPECT_TRUE(torch::equal(accum.get(5, 1).x[i], w.x[batch + i]));
+  return rows;
+}
+
+// The sequences step `position` consumes over all ranks and micro-steps.
+std::set<std::vector<int64_t>> global_batch(const torch::Tensor& tokens, int world, int64_t accum,
+                                            int64_t position, int64_t batch) {
+  std::set<std::vector<int64_t>> all;
+  for (int r = 0; r < world; ++r) {
+    gpt::PackedLoader loader(tokens, 8, batch, r, world, accum, 7, /*shuffle=*/true);
+    for (int64_t m = 0; m < accum; ++m) {
+      auto rows = rows_of(loader.get(position, m).x);
+      for (const auto& row : rows)
+        EXPECT_TRUE(all.insert(row).second) << "rank " << r << " repeats a row";
+    }
   }
-  EXPECT_THROW(accum.get(5, 2), tdist::InvalidArgument);
+  return all;
 }
 
-TEST(GptCorpus, SplitsTrainAndValidation) {
-  std::string text(10000, 'a');
-  auto corpus = gpt::Corpus::from_text(text, 0.1, 16);
-  EXPECT_EQ(corpus.train().numel() + corpus.val().numel(), 10000);
-  EXPECT_EQ(corpus.val().numel(), 1000);
-  EXPECT_THROW(gpt::Corpus::from_text("short", 0.1, 16), tdist::InvalidArgument);
-  EXPECT_THROW(gpt::Corpus("/nonexistent/corpus.txt", 0.1, 16), tdist::InvalidArgument);
+TEST(GptPackedLoader, RanksReadDisjointSharesOfOneGlobalBatch) {
+  auto tokens = torch::arange(5001, torch::kLong);
+  // 12 sequences a step whether 1 rank x 12, 2 x 6, 3 x 4 or 3 ranks x 2 micro-steps x 2
+  auto one = global_batch(tokens, 1, 1, 24, 12);
+  EXPECT_EQ(one.size(), 12u);
+  EXPECT_EQ(global_batch(tokens, 2, 1, 24, 6), one);
+  EXPECT_EQ(global_batch(tokens, 3, 1, 24, 4), one);
+  EXPECT_EQ(global_batch(tokens, 3, 2, 24, 2), one);
+  EXPECT_NE(global_batch(tokens, 1, 1, 36, 12), one);  // the next step reads other sequences
 }
 
-TEST(GptGenerate, DeterministicForAFixedSeed) {
-  torch::manual_seed(0);
-  gpt::GPT model(tiny_model());
-  gpt::SampleOptions options;
-  options.max_new_tokens = 40;  // longer than block_size: exercises the cropping
-  options.temperature = 1.0;
-  options.top_k = 0;
-  options.seed = 42;
-  auto a = gpt::generate(model, "And God", options);
-  auto b = gpt::generate(model, "And God", options);
-  EXPECT_EQ(a.size(), 40u);
-  EXPECT_EQ(a, b);
-  options.seed = 43;
-  EXPECT_NE(gpt::generate(model, "And God", options), a);
-  EXPECT_TRUE(model->is_training());  // restored
+TEST(GptPackedLoader, TargetsAreInputsShiftedByOne) {
+  auto tokens = torch::arange(1001, torch::kLong);
+  gpt::PackedLoader loader(tokens, 8, 4, 0, 1, 1, 3, true);
+  auto b = loader.get(0, 0);
+  EXPECT_EQ(b.x.sizes(), (std::vector<int64_t>{4, 8}));
+  EXPECT_TRUE(torch::equal(b.y, b.x + 1));  // arange: the next token is id + 1
+  // packed sequences start at multiples of block_size
+  EXPECT_TRUE(torch::equal(b.x.select(1, 0).remainder(8), torch::zeros({4}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(loader.get(0, 0).x, b.x));  // deterministic
 }
 
-TEST(GptGenerate, TopKOneIsGreedy) {
-  torch::manual_seed(0);
-  gpt::GPT model(tiny_model());
-  gpt::SampleOptions options;
-  options.max_new_tokens = 10;
-  options.top_k = 1;
-  options.seed = 1;
-  auto a = gpt::generate(model, "x", options);
-  options.seed = 2;
-  EXPECT_EQ(gpt::generate(model, "x", options), a);
-  options.temperature = 0.0;
-  EXPECT_THROW(gpt::generate(model, "x", options), tdist::InvalidArgument);
+TEST(GptPackedLoader, EachEpochVisitsEverySequenceOnceInANewOrder) {
+  auto tokens = torch::arange(8 * 10 + 1, torch::kLong);
+  gpt::PackedLoader loader(tokens, 8, 5, 0, 1, 1, 11, true);
+  ASSERT_EQ(loader.num_sequences(), 10);
+  std::vector<int64_t> epoch0, epoch1;
+  for (int64_t pos : {0, 5}) {
+    auto x = loader.get(pos, 0).x.select(1, 0);
+    for (int64_t i = 0; i < 5; ++i) epoch0.push_back(x[i].item<int64_t>());
+  }
+  for (int64_t pos : {10, 15}) {
+    auto x = loader.get(pos, 0).x.select(1, 0);
+    for (int64_t i = 0; i < 5; ++i) epoch1.push_back(x[i].item<int64_t>());
+  }
+  auto sorted0 = epoch0, sorted1 = epoch1;
+  std::sort(sorted0.begin(), sorted0.end());
+  std::sort(sorted1.begin(), sorted1.end());
+  std::vector<int64_t> starts;
+  for (int64_t i = 0; i < 10; ++i) starts.push_back(8 * i);
+  EXPECT_EQ(sorted0, starts);
+  EXPECT_EQ(sorted1, starts);
+  EXPECT_NE(epoch0, epoch1);
+  gpt::PackedLoader in_order(tokens, 8, 5, 0, 1, 1, 11, /*shuffle=*/false);
+  EXPECT_TRUE(
+      torch::equal(in_order.get(0, 0).x.select(1, 0), torch::arange(0, 40, 8, torch::kLong)));
+}
+
+TEST(GptPackedLoader, RefusesTooFewTokensAndBadMicroSteps) {
+  try {
+    gpt::PackedLoader(torch::arange(8, torch::kLong), 8, 1, 0, 1, 1, 0, true);
+    FAIL() << "8 tokens accepted for block_size 8";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--block-size"), std::string::npos) << e.what();
+  }
+  gpt::PackedLoader loader(torch::arange(100, torch::kLong), 8, 1, 0, 1, 2, 0, true);
+  EXPECT_THROW(loader.get(0, 2), tdist::InvalidArgument);
+}
+
+std::string write_file(const std::string& name, const std::string& bytes) {
+  auto path = std::string(::testing::TempDir()) + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST(GptTokenFile, ReadsBothWidthsLittleEndian) {
+  const std::string u16("\x01\x00\x02\x01\xff\x00", 6);
+  auto ids = gpt::read_token_file(write_file("t.bin", u16), gpt::DataFormat::kUint16, 300);
+  EXPECT_TRUE(torch::equal(ids, torch::tensor({1, 258, 255}, torch::kLong)));
+  const std::string u32("\x05\x00\x00\x00\x00\x00\x01\x00", 8);
+  ids = gpt::read_token_file(write_file("t.u32", u32), gpt::DataFormat::kUint32, 70000);
+  EXPECT_TRUE(torch::equal(ids, torch::tensor({5, 65536}, torch::kLong)));
+  EXPECT_EQ(gpt::format_of("a/train.bin", gpt::DataFormat::kAuto), gpt::DataFormat::kUint16);
+  EXPECT_EQ(gpt::format_of("a/train.u32", gpt::DataFormat::kAuto), gpt::DataFormat::kUint32);
+  EXPECT_EQ(gpt::format_of("a/train.txt", gpt::DataFormat::kAuto), gpt::DataFormat::kText);
+  EXPECT_EQ(gpt::format_of("a/train.txt", gpt::DataFormat::kUint32), gpt::DataFormat::kUint32);
+  EXPECT_THROW(gpt::parse_data_format("int8"), tdist::InvalidArgument);
+}
+
+TEST(GptTokenFile, NamesTheFileAndTheProblem) {
+  auto odd = write_file("odd.bin", std::string("\x01\x00\x02", 3));
+  try {
+    gpt::read_token_file(odd, gpt::DataFormat::kUint16, 300);
+    FAIL() << "3 bytes read as uint16";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("odd.bin"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("3 bytes"), std::string::npos) << e.what();
+  }
+  auto big = write_file("big.bin", std::string("\x01\x00\x2c\x01", 4));  // 1, 300
+  try {
+    gpt::read_token_file(big, gpt::DataFormat::kUint16, 300);
+    FAIL() << "id 300 accepted for a vocabulary of 300";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("token 1 is 300"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gpt::read_token_file("/nonexistent.bin", gpt::DataFormat::kUint16, 10),
+               tdist::InvalidArgument);
+}
+
+TEST(GptTokenCache, NameFollowsTheContents) {
+  auto text = write_file("doc.txt", "In the beginning");
+  auto tok = write_file("tok.json", "{}");
+  const auto dir = std::string(::testing::TempDir());
+  auto a = gpt::token_cache_path(dir, text, tok, 1);
+  EXPECT_EQ(gpt::token_cache_path(dir, text, tok, 1), a);
+  EXPECT_NE(gpt::token_cache_path(dir, text, tok, 2), a);
+  EXPECT_NE(gpt::token_cache_path(dir, text, tok, std::nullopt), a);
+  write_file("doc.txt", "In the beginning.");
+  EXPECT_NE(gpt::token_cache_path(dir, text, tok, 1), a);
+  EXPECT_EQ(std::filesystem::path(a).extension(), ".u32");
+}
+
+TEST(GptModelSpec, FlagsBecomeTheFamilysConfig) {
+  gpt::ModelSpec spec;
+  spec.family = "llama";
+  spec.n_layer = 2;
+  spec.n_head = 4;
+  spec.n_kv_head = 2;
+  spec.n_embd = 64;
+  spec.block_size = 32;
+  auto config = spec.resolve(500, 0, 1);
+  EXPECT_EQ(config.vocab_size, 500);
+  EXPECT_EQ(config.num_hidden_layers, 2);
+  EXPECT_EQ(config.num_key_value_heads, 2);
+  EXPECT_EQ(config.max_position_embeddings, 32);
+  EXPECT_EQ(spec.to_hf_json(500, 0, 1)["model_type"], "llama");
+  spec.family = "gpt2";
+  spec.n_kv_head = 0;
+  EXPECT_EQ(spec.to_hf_json(500, 0, 1)["model_type"], "gpt2");
+  EXPECT_NO_THROW(spec.resolve(500, 0, 1));
+  spec.family = "bert";
+  try {
+    spec.validate();
+    FAIL() << "family bert accepted";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--family"), std::string::npos) << e.what();
+  }
+  spec.family = "llama";
+  spec.n_kv_head = 3;  // 4 heads do not split into 3 groups
+  EXPECT_THROW(spec.validate(), tdist::InvalidArgument);
 }
 
 TEST(GptPlot, RendersCurvesAndLegend) {

@@ -36,6 +36,11 @@ class CausalLM : public torch::nn::Module {
   /// scaling, whose purpose is longer sequences.
   at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr);
 
+  /// Recompute each decoder layer's activations in backward instead of keeping them
+  /// (tdist::fsdp::checkpointed_forward around every layer): less memory, one more forward.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+
   /// The decoder layers in order: the modules fully_shard shards one by one.
   virtual std::vector<std::shared_ptr<torch::nn::Module>> layers() const = 0;
 
@@ -48,6 +53,7 @@ class CausalLM : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  bool activation_checkpointing_ = false;
 };
 
 /// transformers' causal LM loss: the logits at position t predict labels[t + 1]; labels of

@@ -12,6 +12,8 @@
   check_export DIR REF     loads DIR with AutoModelForCausalLM.from_pretrained; every parameter
                            must equal REF's tensor of the same name bitwise, and its logits on
                            DIR/inputs.safetensors must equal REF's "logits" within 1e-5
+  moved BASE DIR BOUND     every parameter of DIR differs from BASE's by at most BOUND, and
+                           some by more than 0 (a fine-tune that started from BASE's weights)
 Prints "OK <command>" when every check passed.
 """
 import os
@@ -78,6 +80,12 @@ CASES = {
         config=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=16,
                     tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0,
                     attn_pdrop=0.0)),
+    # The trainer's fine-tuning test: the bundled tokenizer's vocabulary (2048), GQA.
+    "trainer_llama": dict(
+        family="llama", seq=SEQ,
+        config=dict(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                    bos_token_id=0, eos_token_id=1)),
     # bfloat16 weights in several files with an index.
     "llama_bf16_sharded": dict(
         family="llama", seq=SEQ, dtype=torch.bfloat16, max_shard_size="20KB",
@@ -196,6 +204,16 @@ def check_export(path, ref_path):
     print(f"compared {checked} parameters bitwise")
 
 
+def moved(base_path, path, bound):
+    base, tuned = load_model(base_path).state_dict(), load_model(path).state_dict()
+    if set(base) != set(tuned):
+        raise SystemExit(f"parameter names differ: {sorted(set(base) ^ set(tuned))}")
+    largest = max((tuned[n] - base[n]).abs().max().item() for n in base)
+    if not 0 < largest <= bound:
+        raise SystemExit(f"largest change {largest}, expected in (0, {bound}]")
+    print(f"largest change {largest}")
+
+
 def main():
     command = sys.argv[1]
     if command == "make":
@@ -204,6 +222,8 @@ def main():
         fsdp2_step(sys.argv[2], int(sys.argv[3]))
     elif command == "check_export":
         check_export(sys.argv[2], sys.argv[3])
+    elif command == "moved":
+        moved(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif command == "cases":
         print(" ".join(CASES))
     else:
