@@ -44,6 +44,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # SentencePiece: Llama 2's and Mistral's tokenizer.model (libsentencepiece-dev).
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# utf8proc: Unicode NFC for the tokenizers' normalizer (libutf8proc-dev).
+pkg_check_modules(UTF8PROC REQUIRED libutf8proc)
 
 set(TDIST_HAVE_MPI OFF)
 if(TDIST_WITH_MPI)

@@ -26,6 +26,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   libpcre2-dev            # Unicode regexes of the tokenizers' pre-tokenizers
   libsentencepiece-dev    # SentencePiece tokenizer.model (Llama 2, Mistral)
+  libutf8proc-dev         # Unicode NFC, the normalizer of Qwen2's tokenizer.json
   libgtest-dev libgmock-dev googletest
   clang                   # the store's libFuzzer target
   iproute2 util-linux     # network- and UTS-namespace tests (ip netns, unshare)

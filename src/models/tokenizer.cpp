@@ -5,6 +5,7 @@
 
 #include <pcre2.h>
 #include <sentencepiece_processor.h>
+#include <utf8proc.h>
 
 #include <fstream>
 #include <limits>
@@ -196,6 +197,7 @@ struct Tokenizer::State {
   std::vector<int64_t> prefix, suffix;  // TemplateProcessing's single sequence
   std::vector<bool> special;            // by id
   bool added_first_byte[256] = {};      // bytes an added token may start with
+  bool nfc = false;                     // the NFC normalizer (Qwen2's)
   // A SentencePiece tokenizer.model (Llama 2, Mistral) is encoded by the library itself.
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sentencepiece;
   mutable std::mutex cache_mutex;
@@ -263,9 +265,27 @@ void Tokenizer::State::bpe(const std::string& word, std::vector<int64_t>& out) c
   if (cache.size() < 500000) cache.emplace(word, std::move(ids));
 }
 
-// A stretch of text between added tokens: pre-tokenized, mapped to bytes' stand-ins, BPE.
+// Unicode NFC through utf8proc. ASCII is its own NFC; text that is not valid UTF-8 (which
+// Python's tokenizers cannot be given) is left as it is.
+std::string nfc_of(std::string_view text) {
+  bool ascii = true;
+  for (char c : text) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
+  if (ascii) return std::string(text);
+  utf8proc_uint8_t* composed = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &composed,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) return std::string(text);
+  std::string out(reinterpret_cast<const char*>(composed), static_cast<size_t>(n));
+  std::free(composed);
+  return out;
+}
+
+// A stretch of text between added tokens: normalized, pre-tokenized, mapped to bytes'
+// stand-ins, BPE.
 void Tokenizer::State::encode_piece(std::string_view text, std::vector<int64_t>& out) const {
-  std::vector<std::string> pieces{std::string(text)};
+  std::vector<std::string> pieces{nfc ? nfc_of(text) : std::string(text)};
   bool mapped = false;
   for (const auto& step : pre) {
     std::vector<std::string> next;
@@ -329,6 +349,19 @@ void read_model(const json& model, Tokenizer::State& s) {
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     auto it = s.vocab.find(model["unk_token"].get<std::string>());
     if (it != s.vocab.end()) s.unk_id = it->second;
+  }
+}
+
+// NFC (alone or in a Sequence) is what the byte-level models ship (Qwen2); others refused.
+void read_normalizer(const json& normalizer, Tokenizer::State& s) {
+  if (normalizer.is_null()) return;
+  const std::string type = normalizer.value("type", std::string("?"));
+  if (type == "Sequence") {
+    for (const auto& n : normalizer.at("normalizers")) read_normalizer(n, s);
+  } else if (type == "NFC") {
+    s.nfc = true;
+  } else {
+    refuse(s.where, "normalizer '" + type + "'");
   }
 }
 
@@ -412,9 +445,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   json j;
   try {
     j = json::parse(in);
-    if (!j.value("normalizer", json()).is_null()) {
-      refuse(s->where, "normalizer '" + j["normalizer"].value("type", std::string("?")) + "'");
-    }
+    read_normalizer(j.value("normalizer", json()), *s);
     const json decoder = j.value("decoder", json());
     if (!decoder.is_null() && decoder.value("type", std::string()) != "ByteLevel") {
       refuse(s->where, "decoder '" + decoder.value("type", std::string()) + "'");

@@ -74,7 +74,8 @@ TEST(KVCache, CachedLogitsEqualTheWholeSequenceForward) {
     const at::Tensor ids = tensor_from(dir + "/inputs.safetensors", "input_ids");
     const at::Tensor whole = model->forward(ids);
     models::KVCache cache;
-    std::vector<at::Tensor> parts = {model->forward(ids.narrow(1, 0, 5), &cache)};
+    std::vector<at::Tensor> parts;
+    parts.push_back(model->forward(ids.narrow(1, 0, 5), &cache));
     EXPECT_EQ(cache.length(), 5);
     parts.push_back(model->forward(ids.narrow(1, 5, 3), &cache));  // several at once
     for (int64_t t = 8; t < ids.size(1); ++t) {

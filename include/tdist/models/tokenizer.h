@@ -8,8 +8,8 @@
 // token (tests/models/tokenizer_test.cpp).
 //
 // What tokenizer.json may hold is refused by name where it is not implemented (another
-// model type, a normalizer, another pre-tokenizer or post-processor, byte_fallback, BPE
-// dropout), never ignored.
+// model type, a normalizer other than NFC, another pre-tokenizer or post-processor, byte_fallback,
+// BPE dropout), never ignored.
 
 #include <cstdint>
 #include <memory>

@@ -1,7 +1,7 @@
 """The Python `tokenizers` / `sentencepiece` side of tdist's tokenizer tests: byte-level BPE
 tokenizers trained here on the bundled corpus, in GPT-2's, Llama 3's and Qwen2's
-pre-tokenization, a SentencePiece BPE model with byte fallback (as Llama 2's), and what the
-libraries make of a Unicode stress text and of the corpus.
+pre-tokenization (Qwen2's with its NFC normalizer), a SentencePiece BPE model with byte
+fallback (as Llama 2's), and what the libraries make of a Unicode stress text and of the corpus.
 
   make DIR CORPUS   writes DIR/<kind>.json (tokenizer.json) for each kind,
                     DIR/sentencepiece.model, and
@@ -12,7 +12,8 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -44,6 +45,8 @@ def train(kind, corpus):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         specials = (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] if kind == "llama3"
                     else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    if kind == "qwen2":
+        tok.normalizer = normalizers.NFC()  # as Qwen2's tokenizer.json has it
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
