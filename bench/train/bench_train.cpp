@@ -33,6 +33,7 @@
 #include "tdist/error.h"
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/models/pretrained.h"
+#include "tdist/optim/adam.h"
 
 namespace {
 
@@ -48,6 +49,7 @@ struct Options {
   std::string init_out;  // rank 0 writes the initial parameters here (PyTorch's .pt format)
   std::string device = "cpu";
   bool cpu_offload = false;
+  std::string optimizer_impl = "fused";  // tdist::optim's AdamW: fused, foreach, for-loop
 };
 
 int run_rank(const Options& o) {
@@ -93,7 +95,9 @@ int run_rank(const Options& o) {
   auto groups = parallel->param_groups();
   std::vector<torch::Tensor> params = groups.decay;
   params.insert(params.end(), groups.no_decay.begin(), groups.no_decay.end());
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-3));
+  tdist::optim::AdamW optimizer(params,
+                                tdist::optim::AdamWOptions(1e-3).implementation(
+                                    tdist::optim::implementation_from_string(o.optimizer_impl)));
 
   // Random tokens: throughput does not depend on the text; the same stream on every run.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + world.rank);
@@ -145,6 +149,7 @@ int run_rank(const Options& o) {
           << nlohmann::json{{"impl", "tdist"},
                             {"mode", to_string(mode)},
                             {"cpu_offload", o.cpu_offload},
+                            {"optimizer_impl", o.optimizer_impl},
                             {"device", device_name},
                             {"parameters", num_parameters},
                             {"world_size", world.world_size},
@@ -194,6 +199,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app.add_flag("--cpu-offload", o.cpu_offload, "fsdp: shards and AdamW state in host memory");
+  app.add_option("--optimizer-impl", o.optimizer_impl,
+                 "AdamW: fused, foreach, for-loop or default (both sides run the same)")
+      ->capture_default_str();
   app.add_option("--init-out", o.init_out,
                  "Write the initial parameters to FILE (.pt) for the PyTorch side to start from");
   app.add_flag_callback(

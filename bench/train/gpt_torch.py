@@ -160,7 +160,9 @@ def run_rank(args):
     plain.to(device)
     params = sum(p.numel() for p in plain.parameters())
     model = wrap(plain, args.mode, device, args.cpu_offload)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    flags = {"fused": dict(fused=True), "foreach": dict(foreach=True),
+             "for-loop": dict(foreach=False), "default": {}}[args.optimizer_impl]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **flags)
     gen = torch.Generator().manual_seed(42 + rank)
     loss_value = 0.0
     start = None
@@ -202,6 +204,7 @@ def run_rank(args):
             with open(args.json, "a") as f:
                 f.write(json.dumps({"impl": "pytorch", "mode": args.mode, "world_size": world,
                                     "cpu_offload": args.cpu_offload, "device": device.type,
+                                    "optimizer_impl": args.optimizer_impl,
                                     "parameters": params,
                                     "peak_device_bytes": [p.item() for p in device_peaks],
                                     "tokens_per_s": tokens_total / seconds,
@@ -235,6 +238,8 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cpu-offload", action="store_true", help="fsdp2: CPUOffloadPolicy")
+    p.add_argument("--optimizer-impl", choices=["fused", "foreach", "for-loop", "default"],
+                   default="fused", help="AdamW implementation (as bench_train's)")
     args = p.parse_args()
     if "RANK" in os.environ:
         code = run_rank(args)

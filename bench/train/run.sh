@@ -2,8 +2,10 @@
 # Training benchmark of the GPT example's model, side by side in one run: tokens/s, step time,
 # peak memory per rank and the final loss for tdist single / DDP / FSDP and PyTorch's DDP,
 # FSDP1 (FullyShardedDataParallel) and FSDP2 (fully_shard), same model, same initial weights,
-# same batches, same threads per rank. The last table gives each distributed PyTorch row's
-# throughput as a ratio of tdist's same mode, and whether the final losses agree.
+# same batches, same threads per rank, the same AdamW implementation on both sides (fused by
+# default; --optimizer-impl foreach|for-loop|default changes both). The last table gives each
+# distributed PyTorch row's throughput as a ratio of tdist's same mode, and whether the final
+# losses agree.
 #   sh bench/train/run.sh [build-dir] [extra flags for both sides, e.g. --steps 10 --n-layer 2]
 # Results are also appended as JSON lines to bench-train.jsonl in the current directory.
 set -u

@@ -144,6 +144,10 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
   app.add_option("--grad-clip", c.grad_clip, "Max global gradient norm (0: off)")
       ->capture_default_str()
       ->group(opt);
+  app.add_option("--optimizer-impl", c.optimizer_impl,
+                 "AdamW implementation: fused, foreach, for-loop or default (tdist::optim)")
+      ->capture_default_str()
+      ->group(opt);
   app.add_option("--mixed-precision", c.mixed_precision,
                  "none or bf16 (bf16 parameters and activations, fp32 gradient reduction)")
       ->check(CLI::IsMember({"none", "bf16"}))

@@ -57,6 +57,10 @@ void TrainConfig::validate() const {
   check(weight_decay >= 0.0, "--weight-decay must be >= 0, got " + std::to_string(weight_decay));
   check(beta1 >= 0.0 && beta1 < 1.0, "--beta1 must be in [0, 1), got " + std::to_string(beta1));
   check(beta2 >= 0.0 && beta2 < 1.0, "--beta2 must be in [0, 1), got " + std::to_string(beta2));
+  check(
+      optimizer_impl == "fused" || optimizer_impl == "foreach" || optimizer_impl == "for-loop" ||
+          optimizer_impl == "default",
+      "--optimizer-impl must be fused, foreach, for-loop or default, got '" + optimizer_impl + "'");
   check(grad_clip >= 0.0,
         "--grad-clip must be >= 0 (0 disables clipping), got " + std::to_string(grad_clip));
   check(mixed_precision == "none" || mixed_precision == "bf16",
@@ -101,6 +105,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"beta1", c.beta1},
       {"beta2", c.beta2},
       {"grad_clip", c.grad_clip},
+      {"optimizer_impl", c.optimizer_impl},
       {"seed", c.seed},
       {"mixed_precision", c.mixed_precision},
       {"activation_checkpointing", c.activation_checkpointing},

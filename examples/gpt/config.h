@@ -48,6 +48,9 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double grad_clip = 1.0;  ///< max global gradient norm; 0 disables clipping
+  /// AdamW's implementation (tdist::optim): "fused" (ATen's fused kernel, as torchtitan's
+  /// default), "foreach", "for-loop" or "default" (PyTorch's choice).
+  std::string optimizer_impl = "fused";
   uint64_t seed = 1337;
   /// "none", or "bf16": parameters and activations in bfloat16, gradients reduced in float32
   /// (FSDP's MixedPrecisionPolicy; autocast for single and DDP).

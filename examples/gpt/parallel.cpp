@@ -18,6 +18,7 @@
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/trace.h"
+#include "tdist/optim/clip_grad.h"
 #endif
 #include "tdist/models/pretrained.h"
 
@@ -49,8 +50,8 @@ class SingleParallel : public Parallel {
   }
   void backward(const torch::Tensor& loss) override { loss.backward(); }
   ParamGroups param_groups() override { return split_for_weight_decay(*model_); }
-  double clip_grad_norm(double max_norm) override {
-    return torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+  torch::Tensor clip_grad_norm(double max_norm) override {
+    return tdist::optim::clip_grad_norm_(model_->parameters(), max_norm);
   }
   tdist::ShardedStateDict parameter_slices() override {
     tdist::ShardedStateDict slices;
@@ -180,10 +181,10 @@ class FsdpParallel : public Parallel {
   }
   void backward(const torch::Tensor& loss) override { loss.backward(); }
   ParamGroups param_groups() override { return split_for_weight_decay(*model_); }
-  double clip_grad_norm(double max_norm) override {
+  torch::Tensor clip_grad_norm(double max_norm) override {
     // The whole model's norm: the shards' partial norms summed over each shard group only
     // (under HSDP the replicas hold the same shards).
-    return tdist::fsdp::clip_grad_norm_(*model_, max_norm).item<double>();
+    return tdist::fsdp::clip_grad_norm_(*model_, max_norm);
   }
   tdist::ShardedStateDict parameter_slices() override {
     // Note [Dim-0 padding] (tdist/fsdp/shard_layout.h): shard rank r owns rows

@@ -48,8 +48,9 @@ class Parallel {
   /// This rank's parameters (shards under FSDP), split for weight decay.
   virtual ParamGroups param_groups() = 0;
   /// Clips the global gradient norm (over all ranks' shards) to max_norm; returns the norm
-  /// before clipping.
-  virtual double clip_grad_norm(double max_norm) = 0;
+  /// before clipping, on the gradients' device (nothing waits for the device: read it when
+  /// the value is wanted).
+  virtual torch::Tensor clip_grad_norm(double max_norm) = 0;
   /// This rank's parameters as slices of the whole tensors, named as named_parameters()
   /// names them (whole tensors unless sharded; FSDP: this rank's rows). They alias the
   /// parameters: writing into them loads a checkpoint.

@@ -30,6 +30,7 @@
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/models/pretrained.h"
 #include "tdist/models/tokenizer.h"
+#include "tdist/optim/adam.h"
 
 namespace gpt {
 namespace fs = std::filesystem;
@@ -57,21 +58,22 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(Parallel& parallel, const TrainConfig& c) {
   auto groups = parallel.param_groups();
-  auto base = torch::optim::AdamWOptions(c.schedule.max_lr)
+  auto base = tdist::optim::AdamWOptions(c.schedule.max_lr)
                   .betas({c.beta1, c.beta2})
                   .eps(1e-8)
-                  .weight_decay(c.weight_decay);
+                  .weight_decay(c.weight_decay)
+                  .implementation(tdist::optim::implementation_from_string(c.optimizer_impl));
   std::vector<torch::optim::OptimizerParamGroup> param_groups;
   if (!groups.decay.empty()) {
-    param_groups.emplace_back(groups.decay, std::make_unique<torch::optim::AdamWOptions>(base));
+    param_groups.emplace_back(groups.decay, std::make_unique<tdist::optim::AdamWOptions>(base));
   }
   if (!groups.no_decay.empty()) {
     auto no_decay = base;
     no_decay.weight_decay(0.0);
     param_groups.emplace_back(groups.no_decay,
-                              std::make_unique<torch::optim::AdamWOptions>(no_decay));
+                              std::make_unique<tdist::optim::AdamWOptions>(no_decay));
   }
-  return std::make_unique<torch::optim::AdamW>(param_groups, base);
+  return std::make_unique<tdist::optim::AdamW>(param_groups, base);
 }
 
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -437,9 +439,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     double grad_norm = 0.0;
     {
       TraceSpan span(tracer, "optimizer", "compute");
-      if (c.grad_clip > 0.0) grad_norm = parallel->clip_grad_norm(c.grad_clip);
+      torch::Tensor norm;
+      if (c.grad_clip > 0.0) norm = parallel->clip_grad_norm(c.grad_clip);
       optimizer->step();
       optimizer->zero_grad();
+      if (norm.defined()) grad_norm = norm.item<double>();  // read after the step is queued
     }
     const double loss = all_mean(world, {loss_sum})[0];
     const auto rss = all_gather_values(world, static_cast<double>(memory_usage().rss_bytes));

@@ -11,7 +11,10 @@ namespace tdist::fsdp {
 /// Computes the global `norm_type` norm (2, 1, or +inf) of the gradients of every parameter
 /// of `module` — sharded ones reduced over their shard group, replicated (ignored) ones
 /// counted once — and scales every gradient by max_norm / (norm + 1e-6) when that is < 1.
-/// Collective over the module's FSDP groups. Returns the total norm (float32 scalar).
+/// Collective over the module's FSDP groups. Returns the total norm (float32 scalar on the
+/// first gradient's device). Sync-free: the norm and the scale stay on the device
+/// (tdist::optim::clip_grad_norm_'s multi-tensor ops); nothing waits for the device unless
+/// error_if_nonfinite is set.
 /// error_if_nonfinite: raise tdist::Error when the norm is nan or inf.
 at::Tensor clip_grad_norm_(const torch::nn::Module& module, double max_norm, double norm_type = 2.0,
                            bool error_if_nonfinite = false);
