@@ -51,7 +51,9 @@ class BlockImpl : public torch::nn::Module {
     };
     auto att = torch::matmul(split(parts[0]), split(parts[1]).transpose(-2, -1)) /
                std::sqrt(static_cast<double>(w / heads));
-    att = att.masked_fill(torch::ones({t, t}, torch::kBool).triu(1), -1e9).softmax(-1);
+    // The mask is made where the scores are: a host-side mask would be copied every layer.
+    const auto mask = torch::ones({t, t}, att.options().dtype(torch::kBool)).triu(1);
+    att = att.masked_fill(mask, -1e9).softmax(-1);
     auto y = torch::matmul(att, split(parts[2])).transpose(1, 2).contiguous().view({b, t, w});
     x = x + proj(y);
     return x + fc2(torch::gelu(fc1(ln2(x))));

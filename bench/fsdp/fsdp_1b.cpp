@@ -43,6 +43,7 @@
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/optim/adam.h"
 
 namespace {
 
@@ -143,7 +144,8 @@ int run_rank(const std::string& mode, int rank) {
 #else
     if (!fsdp) throw std::runtime_error("bench built without tdist_ddp");
 #endif
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-4));
+    tdist::optim::AdamW opt(model->parameters(), tdist::optim::AdamWOptions(1e-4).implementation(
+                                                     tdist::optim::Implementation::kFused));
     const double build_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
     {

@@ -10,6 +10,7 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
 #include "tdist/error.h"
+#include "tdist/optim/adam.h"
 
 namespace {
 
@@ -25,7 +26,7 @@ std::unique_ptr<torch::optim::Optimizer> make_sgd(std::vector<at::Tensor> params
 }
 
 /// TDIST_DDP_MODE: plain | tcp (shared memory off) | buckets (one bucket per tensor) | no_sync |
-/// view | zero | fp16 | bf16.
+/// view | zero | zero_fused (ZeRO over tdist::optim's fused Adam) | fp16 | bf16.
 TDIST_SCENARIO(ddp_parity) {
   tdist::init_process_group();
   const int rank = tdist::get_rank(), world = tdist::get_world_size();
@@ -63,6 +64,11 @@ TDIST_SCENARIO(ddp_parity) {
     zero = std::make_unique<ddp::ZeroRedundancyOptimizer>(
         model->parameters(),
         ddp::optimizer_factory<torch::optim::Adam>(torch::optim::AdamOptions(0.01)));
+  } else if (mode == "zero_fused") {
+    zero = std::make_unique<ddp::ZeroRedundancyOptimizer>(
+        model->parameters(),
+        ddp::optimizer_factory<tdist::optim::Adam>(
+            tdist::optim::AdamOptions(0.01).implementation(tdist::optim::Implementation::kFused)));
   } else {
     opt = make_sgd(model->parameters());
   }
@@ -99,7 +105,7 @@ TDIST_SCENARIO(ddp_parity) {
 
   Mlp reference = make_mlp(0);
   std::unique_ptr<torch::optim::Optimizer> ref_opt;
-  if (mode == "zero") {
+  if (mode == "zero" || mode == "zero_fused") {
     ref_opt = std::make_unique<torch::optim::Adam>(reference->parameters(),
                                                    torch::optim::AdamOptions(0.01));
   } else {
@@ -239,12 +245,14 @@ TEST_P(DdpParity, MatchesSingleProcessTraining) {
 
 INSTANTIATE_TEST_SUITE_P(
     Worlds, DdpParity,
-    ::testing::Values(
-        std::make_tuple("plain", 1), std::make_tuple("plain", 2), std::make_tuple("plain", 3),
-        std::make_tuple("plain", 4), std::make_tuple("tcp", 3), std::make_tuple("buckets", 3),
-        std::make_tuple("view", 2), std::make_tuple("no_sync", 2), std::make_tuple("no_sync", 3),
-        std::make_tuple("no_sync", 4), std::make_tuple("zero", 2), std::make_tuple("zero", 3),
-        std::make_tuple("zero", 4), std::make_tuple("fp16", 2), std::make_tuple("bf16", 2)),
+    ::testing::Values(std::make_tuple("plain", 1), std::make_tuple("plain", 2),
+                      std::make_tuple("plain", 3), std::make_tuple("plain", 4),
+                      std::make_tuple("tcp", 3), std::make_tuple("buckets", 3),
+                      std::make_tuple("view", 2), std::make_tuple("no_sync", 2),
+                      std::make_tuple("no_sync", 3), std::make_tuple("no_sync", 4),
+                      std::make_tuple("zero", 2), std::make_tuple("zero", 3),
+                      std::make_tuple("zero", 4), std::make_tuple("zero_fused", 3),
+                      std::make_tuple("fp16", 2), std::make_tuple("bf16", 2)),
     [](const auto& info) {
       return std::get<0>(info.param) + "_world" + std::to_string(std::get<1>(info.param));
     });

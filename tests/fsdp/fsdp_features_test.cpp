@@ -22,6 +22,7 @@
 #include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/mesh/device_mesh.h"
+#include "tdist/optim/adam.h"
 
 namespace tdist::fsdp {
 namespace {
@@ -169,6 +170,40 @@ TDIST_SCENARIO(fsdp_offload) {
   for (const auto& item : a->named_parameters()) {
     EXPECT_TRUE(pb[item.key()].device().is_cpu());
     EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
+  }
+  destroy_process_group();
+}
+
+// Offloaded shards stepped by ATen's fused CPU AdamW (tdist::optim), clipped by the sync-free
+// clip_grad_norm_, follow LibTorch's per-parameter AdamW on resident shards.
+TDIST_SCENARIO(fsdp_offload_fused_adamw) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int rank = get_rank();
+  TinyConfig c;
+  TinyTransformer a = testing::make_tiny(c);
+  TinyTransformer b = testing::make_tiny(c);
+  shard_model(a, FullyShardOptions());
+  shard_model(b, FullyShardOptions().offload_policy(CPUOffloadPolicy(/*pin_memory=*/true)));
+  auto opt_a = make_adamw(a);
+  tdist::optim::AdamW opt_b(b->parameters(),
+                            tdist::optim::AdamWOptions(1e-2).weight_decay(0.01).implementation(
+                                tdist::optim::Implementation::kFused));
+  for (int step = 0; step < 6; ++step) {
+    auto [x, y] = testing::tiny_batch(c, kLocalBatch * get_world_size(), step);
+    auto [lx, ly] = local_rows(x, y, rank);
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    testing::lm_loss(tdist::fsdp::forward(a, lx), ly).backward();
+    testing::lm_loss(tdist::fsdp::forward(b, lx), ly).backward();
+    const double norm_a = clip_grad_norm_(a, 0.5).item<double>();
+    const double norm_b = clip_grad_norm_(b, 0.5).item<double>();
+    EXPECT_NEAR(norm_a, norm_b, 1e-6 * norm_a) << "step " << step;
+    opt_a.step();
+    opt_b.step();
+  }
+  auto pb = b->named_parameters();
+  for (const auto& item : a->named_parameters()) {  // this rank's shards, side by side
+    EXPECT_LE((item.value() - pb[item.key()]).abs().max().item<double>(), 1e-6) << item.key();
   }
   destroy_process_group();
 }
@@ -706,6 +741,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"fsdp_mixed_precision", 2, {}, "mixed_precision_w2"},
                       Case{"fsdp_mixed_precision", 3, {}, "mixed_precision_w3"},
                       Case{"fsdp_offload", 2, {}, "offload_w2"},
+                      Case{"fsdp_offload_fused_adamw", 3, {}, "offload_fused_adamw_w3"},
                       Case{"fsdp_hsdp", 4, {{"FT_SHARD", "2"}}, "hsdp_2x2_w4"},
                       Case{"fsdp_hsdp", 2, {{"FT_SHARD", "1"}}, "hsdp_2x1_w2"},
                       Case{"fsdp_hsdp", 3, {{"FT_SHARD", "3"}}, "hsdp_1x3_w3"},
