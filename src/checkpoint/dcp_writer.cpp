@@ -18,7 +18,9 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
   }
   char name[32];
   std::snprintf(name, sizeof(name), "__%d_0.distcp", rank);
-  OutputFile file((std::filesystem::path(dir) / name).string(), 1 << 20);
+  // No block checksums: each record is a torch.save zip whose entries carry zip's CRC-32,
+  // which the reader checks (the DCP metadata has no place for ours).
+  OutputFile file((std::filesystem::path(dir) / name).string(), /*block_bytes=*/0);
   // Each value is torch.save'd straight into the file: its length is what was written.
   auto append = [&](const c10::IValue& value) {
     const int64_t offset = file.size();

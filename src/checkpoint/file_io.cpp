@@ -47,7 +47,7 @@ std::vector<uint32_t> BlockChecksummer::finish() {
 }
 
 OutputFile::OutputFile(std::string path, int64_t block_bytes)
-    : path_(std::move(path)), checksummer_(block_bytes) {
+    : path_(std::move(path)), checksummed_(block_bytes > 0), checksummer_(block_bytes) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) fail("create", path_, errno);
 }
@@ -57,7 +57,7 @@ OutputFile::~OutputFile() {
 }
 
 void OutputFile::write(const void* data, size_t size) {
-  checksummer_.update(data, size);
+  if (checksummed_) checksummer_.update(data, size);
   const auto* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);

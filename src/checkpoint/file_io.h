@@ -24,7 +24,8 @@ class BlockChecksummer {
   std::vector<uint32_t> crcs_;
 };
 
-/// A new file written sequentially, checksummed per block as it goes.
+/// A new file written sequentially, checksummed per block as it goes (block_bytes 0: not
+/// checksummed, for formats whose own checksums travel inside, such as DCP's torch.save zips).
 class OutputFile {
  public:
   OutputFile(std::string path, int64_t block_bytes);
@@ -42,6 +43,7 @@ class OutputFile {
   std::string path_;
   int fd_ = -1;
   int64_t size_ = 0;
+  bool checksummed_;
   BlockChecksummer checksummer_;
 };
 
