@@ -76,6 +76,13 @@ int run_rank(const Options& o) {
   }
   int64_t num_parameters = 0;
   for (const auto& p : model->parameters()) num_parameters += p.numel();
+  // Training FLOPs per token as torchtitan counts them: 6 x the parameters that multiply
+  // (the tied wte counts once, as the head; the position table is a lookup) plus attention's
+  // 12 x layers x width x sequence.
+  const auto* wpe = model->named_parameters().find("transformer.wpe.weight");
+  const double flops_per_token =
+      6.0 * static_cast<double>(num_parameters - (wpe != nullptr ? wpe->numel() : 0)) +
+      12.0 * static_cast<double>(o.model.n_layer * o.model.n_embd * o.model.block_size);
   const auto materialize = [&](gpt::Model& m) {
     tdist::fsdp::materialize(m, tdist::fsdp::MaterializeOptions()
                                     .seed(1234)
@@ -150,6 +157,7 @@ int run_rank(const Options& o) {
                             {"mode", to_string(mode)},
                             {"cpu_offload", o.cpu_offload},
                             {"optimizer_impl", o.optimizer_impl},
+                            {"flops_per_token", flops_per_token},
                             {"device", device_name},
                             {"parameters", num_parameters},
                             {"world_size", world.world_size},

@@ -159,6 +159,9 @@ def run_rank(args):
         load_init(plain, args.init)
     plain.to(device)
     params = sum(p.numel() for p in plain.parameters())
+    # As bench_train counts them (torchtitan's formula; the tied wte once, wpe a lookup).
+    flops_per_token = (6.0 * (params - plain.transformer.wpe.weight.numel())
+                       + 12.0 * args.n_layer * args.n_embd * args.block_size)
     model = wrap(plain, args.mode, device, args.cpu_offload)
     flags = {"fused": dict(fused=True), "foreach": dict(foreach=True),
              "for-loop": dict(foreach=False), "default": {}}[args.optimizer_impl]
@@ -205,6 +208,7 @@ def run_rank(args):
                 f.write(json.dumps({"impl": "pytorch", "mode": args.mode, "world_size": world,
                                     "cpu_offload": args.cpu_offload, "device": device.type,
                                     "optimizer_impl": args.optimizer_impl,
+                                    "flops_per_token": flops_per_token,
                                     "parameters": params,
                                     "peak_device_bytes": [p.item() for p in device_peaks],
                                     "tokens_per_s": tokens_total / seconds,

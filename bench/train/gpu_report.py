@@ -11,6 +11,10 @@ and whether each run's loss was finite and matched the others'.
 import json
 import sys
 
+# Dense peaks of one H200 (TFLOP/s): fp32 without TF32 (PyTorch's default for float32 matmuls
+# on CUDA, and LibTorch's), and bf16 on the tensor cores.
+PEAK_TFLOPS = {"float32": 67.0, "bfloat16": 989.0}
+
 
 def name(r):
     return ("tdist " if r["impl"] == "tdist" else "pytorch ") + r["mode"] + (
@@ -26,15 +30,22 @@ def main(path):
         return "%.3f" % (r["step_ms"] / base["step_ms"]) if base else "-"
 
     print("| run | step ms | / plain LibTorch | / own plain | / PyTorch fully_shard "
-          "| peak GPU MiB | 16 Psi / N MiB | final loss | ok |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+          "| tokens/s | TFLOP/s | MFU | peak GPU MiB | 16 Psi / N MiB | final loss | ok |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         bound = 16.0 * r.get("parameters", 0) / r["world_size"] / 2**20
         peak = max(r.get("peak_device_bytes", [0])) / 2**20
         own_plain = by.get(r["impl"] + " single")
-        print("| %s | %.1f | %s | %s | %s | %.0f | %.0f | %.4f | %s |" % (
+        tflops = r.get("flops_per_token", 0.0) * r["tokens_per_s"] / 1e12
+        peak_tflops = PEAK_TFLOPS.get(r.get("dtype", "float32"), 0.0) * r["world_size"]
+        mfu = "%.1f%%" % (100.0 * tflops / peak_tflops) if tflops and peak_tflops else "-"
+        print("| %s | %.1f | %s | %s | %s | %.0f | %.1f | %s | %.0f | %.0f | %.4f | %s |" % (
             name(r), r["step_ms"], ratio(r, plain), ratio(r, own_plain), ratio(r, torch_fsdp),
-            peak, bound, r["final_loss"], "yes" if r["ok"] else "NO"))
+            r["tokens_per_s"], tflops, mfu, peak, bound, r["final_loss"],
+            "yes" if r["ok"] else "NO"))
+    print("\nTFLOP/s: flops_per_token (6 x the multiplying parameters + 12 x layers x width x "
+          "sequence) x tokens/s; MFU against %s TFLOP/s per GPU (H200 dense)." % (
+              ", ".join("%s %.0f" % kv for kv in PEAK_TFLOPS.items())))
     losses = [r["final_loss"] for r in rows]
     if losses:
         print("\nfinal losses (same initial weights and batches): spread %.2e"
