@@ -507,6 +507,41 @@ TEST(GptTrain, FinetuneAtWorldThreeHandsTransformersItsModelBack) {
   // AdamW moves a parameter by about the learning rate a step.
   tdist::testing::run_oracle({"moved", base, x.out, "0.01"});
 }
+
+// Fine-tuning under HSDP (2 replicas x 2 shards) follows the single process on the same global
+// batch step by step, and its export (the replicas' identical shards written once) is what
+// transformers reloads.
+TEST(GptTrain, FinetuneUnderHsdpAtWorldFourFollowsOneProcess) {
+  if (!tdist::testing::transformers_unavailable().empty()) {
+    GTEST_SKIP() << tdist::testing::transformers_unavailable();
+  }
+  const std::string base = tdist::testing::oracle_model("trainer_llama");
+  const std::map<std::string, std::string> from = {
+      {"GPT_TEST_FROM", base}, {"GPT_TEST_LR", "1e-3"}, {"GPT_TEST_CHECKPOINT_INTERVAL", "3"}};
+  const auto one = train_in_processes(1, "single", 3, 4, from);
+  const auto hsdp = train_in_processes(4, "hsdp", 3, 1, from);
+  auto a = logged(one, "train"), b = logged(hsdp, "train");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
+  gpt::ExportConfig x;
+  x.run_dir = hsdp;
+  x.out = hsdp + "/hf";
+  gpt::export_run(x);
+  auto model = gpt::load_model_from_run(hsdp);
+  tdist::checkpoint::TensorMap ref = tdist::checkpoint::module_tensors(*model);
+  fs::copy_file(base + "/inputs.safetensors", x.out + "/inputs.safetensors");
+  model->eval();
+  torch::NoGradGuard no_grad;
+  ref["logits"] =
+      model->forward(tdist::testing::tensor_from(base + "/inputs.safetensors", "input_ids"))
+          .contiguous();
+  tdist::checkpoint::save_safetensors(ref, hsdp + "/ref.safetensors");
+  const std::string checked =
+      tdist::testing::run_oracle({"check_export", x.out, hsdp + "/ref.safetensors"});
+  EXPECT_NE(checked.find("parameters bitwise"), std::string::npos) << checked;
+  tdist::testing::run_oracle({"moved", base, x.out, "0.01"});
+}
 #endif
 #endif
 
