@@ -473,6 +473,29 @@ TEST(GptTrain, ResumedAtAnotherWorldSizeSeesTheBatchesAnUninterruptedRunWould) {
   }
 }
 
+// Exports `run_dir` in HF format and has transformers reload it: every parameter bitwise as
+// tdist holds it, equal logits on the oracle's inputs, and each parameter moved from `base`'s
+// by at most about the learning rate a step (training started from the folder's weights).
+void expect_transformers_reloads_the_export(const std::string& run_dir, const std::string& base) {
+  gpt::ExportConfig x;
+  x.run_dir = run_dir;
+  x.out = run_dir + "/hf";
+  gpt::export_run(x);
+  fs::copy_file(base + "/inputs.safetensors", x.out + "/inputs.safetensors");
+  auto model = gpt::load_model_from_run(run_dir);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  tdist::checkpoint::TensorMap ref = tdist::checkpoint::module_tensors(*model);
+  ref["logits"] =
+      model->forward(tdist::testing::tensor_from(base + "/inputs.safetensors", "input_ids"))
+          .contiguous();
+  tdist::checkpoint::save_safetensors(ref, run_dir + "/ref.safetensors");
+  const std::string checked =
+      tdist::testing::run_oracle({"check_export", x.out, run_dir + "/ref.safetensors"});
+  EXPECT_NE(checked.find("parameters bitwise"), std::string::npos) << checked;
+  tdist::testing::run_oracle({"moved", base, x.out, "0.01"});
+}
+
 // Fine-tuning a folder transformers made: three FSDP steps at world 3 from its weights, then
 // `gpt export`: transformers reloads every parameter bitwise as tdist holds it (with equal
 // logits), and each moved by at most a few learning rates from the original (so training
@@ -487,25 +510,7 @@ TEST(GptTrain, FinetuneAtWorldThreeHandsTransformersItsModelBack) {
       {{"GPT_TEST_FROM", base}, {"GPT_TEST_LR", "1e-3"}, {"GPT_TEST_CHECKPOINT_INTERVAL", "3"}});
   auto losses = logged(dir, "train");
   ASSERT_EQ(losses.size(), 3u);
-  gpt::ExportConfig x;
-  x.run_dir = dir;
-  x.out = dir + "/hf";
-  gpt::export_run(x);
-  fs::copy_file(base + "/inputs.safetensors", x.out + "/inputs.safetensors");
-  // tdist's view of the run: every parameter and its logits on the oracle's inputs.
-  auto model = gpt::load_model_from_run(dir);
-  model->eval();
-  torch::NoGradGuard no_grad;
-  tdist::checkpoint::TensorMap ref = tdist::checkpoint::module_tensors(*model);
-  ref["logits"] =
-      model->forward(tdist::testing::tensor_from(base + "/inputs.safetensors", "input_ids"))
-          .contiguous();
-  tdist::checkpoint::save_safetensors(ref, dir + "/ref.safetensors");
-  const std::string checked =
-      tdist::testing::run_oracle({"check_export", x.out, dir + "/ref.safetensors"});
-  EXPECT_NE(checked.find("parameters bitwise"), std::string::npos) << checked;
-  // AdamW moves a parameter by about the learning rate a step.
-  tdist::testing::run_oracle({"moved", base, x.out, "0.01"});
+  expect_transformers_reloads_the_export(dir, base);
 }
 
 // Fine-tuning under HSDP (2 replicas x 2 shards) follows the single process on the same global
@@ -524,23 +529,7 @@ TEST(GptTrain, FinetuneUnderHsdpAtWorldFourFollowsOneProcess) {
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 3u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
-  gpt::ExportConfig x;
-  x.run_dir = hsdp;
-  x.out = hsdp + "/hf";
-  gpt::export_run(x);
-  auto model = gpt::load_model_from_run(hsdp);
-  tdist::checkpoint::TensorMap ref = tdist::checkpoint::module_tensors(*model);
-  fs::copy_file(base + "/inputs.safetensors", x.out + "/inputs.safetensors");
-  model->eval();
-  torch::NoGradGuard no_grad;
-  ref["logits"] =
-      model->forward(tdist::testing::tensor_from(base + "/inputs.safetensors", "input_ids"))
-          .contiguous();
-  tdist::checkpoint::save_safetensors(ref, hsdp + "/ref.safetensors");
-  const std::string checked =
-      tdist::testing::run_oracle({"check_export", x.out, hsdp + "/ref.safetensors"});
-  EXPECT_NE(checked.find("parameters bitwise"), std::string::npos) << checked;
-  tdist::testing::run_oracle({"moved", base, x.out, "0.01"});
+  expect_transformers_reloads_the_export(hsdp, base);
 }
 #endif
 #endif

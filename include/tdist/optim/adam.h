@@ -26,55 +26,57 @@
 
 namespace tdist::optim {
 
-/// torch::optim::AdamOptions plus PyTorch's `maximize` and the implementation; every setter
-/// chains.
-class AdamOptions : public torch::optim::AdamOptions {
+/// LibTorch's AdamOptions or AdamWOptions plus PyTorch's `maximize` and the implementation;
+/// every setter chains. Use AdamOptions / AdamWOptions (AdamW's weight decay defaults to 1e-2,
+/// as PyTorch's).
+template <class LibTorchOptions>
+class AdamFamilyOptions : public LibTorchOptions {
  public:
-  using Base = torch::optim::AdamOptions;
-  explicit AdamOptions(double lr = 1e-3) : Base(lr) {}
+  using Base = LibTorchOptions;
+  using betas_t = std::tuple<double, double>;
+  explicit AdamFamilyOptions(double lr = 1e-3) : Base(lr) {}
   /// LibTorch's options, with maximize off and the default implementation.
-  AdamOptions(const Base& base) : Base(base) {}  // NOLINT(google-explicit-constructor)
+  AdamFamilyOptions(const Base& base) : Base(base) {}  // NOLINT(google-explicit-constructor)
 
-  AdamOptions& lr(double v) {
+  AdamFamilyOptions& lr(double v) {
     Base::lr(v);
     return *this;
   }
   double lr() const { return Base::lr(); }
-  using betas_t = std::tuple<double, double>;
-  AdamOptions& betas(const betas_t& v) {
+  AdamFamilyOptions& betas(const betas_t& v) {
     Base::betas(v);
     return *this;
   }
   const betas_t& betas() const { return Base::betas(); }
-  AdamOptions& eps(double v) {
+  AdamFamilyOptions& eps(double v) {
     Base::eps(v);
     return *this;
   }
   double eps() const { return Base::eps(); }
-  AdamOptions& weight_decay(double v) {
+  AdamFamilyOptions& weight_decay(double v) {
     Base::weight_decay(v);
     return *this;
   }
   double weight_decay() const { return Base::weight_decay(); }
-  AdamOptions& amsgrad(bool v) {
+  AdamFamilyOptions& amsgrad(bool v) {
     Base::amsgrad(v);
     return *this;
   }
   bool amsgrad() const { return Base::amsgrad(); }
   /// Ascend the objective instead of descending it.
-  AdamOptions& maximize(bool v) {
+  AdamFamilyOptions& maximize(bool v) {
     maximize_ = v;
     return *this;
   }
   bool maximize() const { return maximize_; }
-  AdamOptions& implementation(Implementation v) {
+  AdamFamilyOptions& implementation(Implementation v) {
     implementation_ = v;
     return *this;
   }
   Implementation implementation() const { return implementation_; }
 
   std::unique_ptr<torch::optim::OptimizerOptions> clone() const override {
-    return std::make_unique<AdamOptions>(*this);
+    return std::make_unique<AdamFamilyOptions>(*this);
   }
 
  private:
@@ -82,61 +84,8 @@ class AdamOptions : public torch::optim::AdamOptions {
   Implementation implementation_ = Implementation::kDefault;
 };
 
-/// torch::optim::AdamWOptions plus `maximize` and the implementation (weight decay 1e-2 by
-/// default, as PyTorch's).
-class AdamWOptions : public torch::optim::AdamWOptions {
- public:
-  using Base = torch::optim::AdamWOptions;
-  explicit AdamWOptions(double lr = 1e-3) : Base(lr) {}
-  /// LibTorch's options, with maximize off and the default implementation.
-  AdamWOptions(const Base& base) : Base(base) {}  // NOLINT(google-explicit-constructor)
-
-  AdamWOptions& lr(double v) {
-    Base::lr(v);
-    return *this;
-  }
-  double lr() const { return Base::lr(); }
-  using betas_t = std::tuple<double, double>;
-  AdamWOptions& betas(const betas_t& v) {
-    Base::betas(v);
-    return *this;
-  }
-  const betas_t& betas() const { return Base::betas(); }
-  AdamWOptions& eps(double v) {
-    Base::eps(v);
-    return *this;
-  }
-  double eps() const { return Base::eps(); }
-  AdamWOptions& weight_decay(double v) {
-    Base::weight_decay(v);
-    return *this;
-  }
-  double weight_decay() const { return Base::weight_decay(); }
-  AdamWOptions& amsgrad(bool v) {
-    Base::amsgrad(v);
-    return *this;
-  }
-  bool amsgrad() const { return Base::amsgrad(); }
-  /// Ascend the objective instead of descending it.
-  AdamWOptions& maximize(bool v) {
-    maximize_ = v;
-    return *this;
-  }
-  bool maximize() const { return maximize_; }
-  AdamWOptions& implementation(Implementation v) {
-    implementation_ = v;
-    return *this;
-  }
-  Implementation implementation() const { return implementation_; }
-
-  std::unique_ptr<torch::optim::OptimizerOptions> clone() const override {
-    return std::make_unique<AdamWOptions>(*this);
-  }
-
- private:
-  bool maximize_ = false;
-  Implementation implementation_ = Implementation::kDefault;
-};
+using AdamOptions = AdamFamilyOptions<torch::optim::AdamOptions>;
+using AdamWOptions = AdamFamilyOptions<torch::optim::AdamWOptions>;
 
 namespace detail {
 /// The fused kernels read each parameter's step from a float tensor on its device; these
