@@ -15,6 +15,7 @@
 #include "tdist/comm/object_collectives.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/optim/adam.h"
+#include "tdist/optim/clip_grad.h"
 #include "tdist/optim/implementation.h"
 #include "tdist/optim/sgd.h"
 #include "tdist/mesh/device_mesh.h"

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "optim/library_options.h"
 #include "optim/tensor_buckets.h"
 #include "tdist/error.h"
 
@@ -18,12 +19,8 @@ const at::Tensor& StepTensors::of(const at::Tensor& param, int64_t step) {
   } else if (m.step != step) {
     m.value.fill_(static_cast<double>(step));  // a loaded state, or a step by another path
   }
-  m.step = step;
+  m.step = step + 1;
   return m.value;
-}
-
-void StepTensors::advanced(const std::vector<at::Tensor>& params) {
-  for (const auto& p : params) ++mirrors_[p.unsafeGetTensorImpl()].step;
 }
 
 }  // namespace detail
@@ -41,13 +38,10 @@ template <class Options>
 AdamHyper hyper_of(const torch::optim::OptimizerOptions& group_options,
                    const torch::optim::OptimizerOptions& defaults) {
   const auto& base = static_cast<const typename Options::Base&>(group_options);
-  static const Options library_defaults;
-  const auto* ours = dynamic_cast<const Options*>(&group_options);
-  const auto* fallback = dynamic_cast<const Options*>(&defaults);
-  const Options& src = ours != nullptr ? *ours : fallback != nullptr ? *fallback : library_defaults;
-  return {base.lr(),      std::get<0>(base.betas()), std::get<1>(base.betas()),
-          base.eps(),     base.weight_decay(),       base.amsgrad(),
-          src.maximize(), src.implementation()};
+  const detail::Extension ext = detail::extension_of<Options>(group_options, defaults);
+  return {base.lr(),    std::get<0>(base.betas()), std::get<1>(base.betas()),
+          base.eps(),   base.weight_decay(),       base.amsgrad(),
+          ext.maximize, ext.implementation};
 }
 
 // The per-parameter state, created as LibTorch creates it on a parameter's first step.
@@ -154,7 +148,6 @@ void fused_bucket(torch::optim::Optimizer& opt, detail::StepTensors& steps,
     st.step(st.step() + 1);
   }
   at::_foreach_add_(state_steps, 1);  // the kernel reads the new step, as torch.optim's
-  steps.advanced(params);
   if (decoupled) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, h.lr,
                       h.beta1, h.beta2, h.weight_decay, h.eps, h.amsgrad, h.maximize);
@@ -168,11 +161,7 @@ template <class State, class Options>
 at::Tensor adam_step(torch::optim::Optimizer& opt, detail::StepTensors& steps,
                      const torch::optim::Optimizer::LossClosure& closure, bool decoupled,
                      const char* name) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < opt.param_groups().size(); ++g) {
     auto& group = opt.param_groups()[g];
@@ -199,42 +188,11 @@ at::Tensor adam_step(torch::optim::Optimizer& opt, detail::StepTensors& steps,
   return loss;
 }
 
-// Makes the defaults, and every group's options, this library's type (LibTorch's base
-// constructor stored them sliced), keeping each group's own LibTorch values.
-template <class Options>
-void adopt_options(std::unique_ptr<torch::optim::OptimizerOptions>& defaults_slot,
-                   std::vector<torch::optim::OptimizerParamGroup>& groups,
-                   const Options& defaults) {
-  defaults_slot = std::make_unique<Options>(defaults);
-  for (auto& group : groups) {
-    if (dynamic_cast<const Options*>(&group.options()) != nullptr) continue;
-    Options ours(static_cast<const typename Options::Base&>(group.options()));
-    ours.maximize(defaults.maximize()).implementation(defaults.implementation());
-    group.set_options(std::make_unique<Options>(ours));
-  }
-}
-
-template <class Options>
-Implementation implementation_of(const torch::optim::Optimizer& opt, size_t group,
-                                 const char* name) {
-  TDIST_CHECK_ARG(group < opt.param_groups().size(),
-                  std::string("tdist::optim::") + name + "::implementation: param group " +
-                      std::to_string(group) + " does not exist (the optimizer has " +
-                      std::to_string(opt.param_groups().size()) + ")");
-  const auto& g = opt.param_groups()[group];
-  const AdamHyper h = hyper_of<Options>(g.options(), opt.defaults());
-  detail::SteppedParams all;
-  all.params = g.params();
-  return h.implementation == Implementation::kDefault
-             ? detail::resolve(h.implementation, all, group, name)
-             : h.implementation;
-}
-
 }  // namespace
 
 Adam::Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, AdamOptions defaults)
     : torch::optim::Adam(param_groups, defaults) {
-  adopt_options(defaults_, param_groups_, defaults);
+  detail::adopt_options(defaults_, param_groups_, defaults);
 }
 
 Adam::Adam(std::vector<at::Tensor> params, AdamOptions defaults)
@@ -246,13 +204,13 @@ at::Tensor Adam::step(LossClosure closure) {
 }
 
 Implementation Adam::implementation(size_t group) const {
-  return implementation_of<AdamOptions>(*this, group, "Adam");
+  return detail::implementation_of<AdamOptions>(*this, group, "Adam");
 }
 
 AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
              AdamWOptions defaults)
     : torch::optim::AdamW(param_groups, defaults) {
-  adopt_options(defaults_, param_groups_, defaults);
+  detail::adopt_options(defaults_, param_groups_, defaults);
 }
 
 AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions defaults)
@@ -264,7 +222,7 @@ at::Tensor AdamW::step(LossClosure closure) {
 }
 
 Implementation AdamW::implementation(size_t group) const {
-  return implementation_of<AdamWOptions>(*this, group, "AdamW");
+  return detail::implementation_of<AdamWOptions>(*this, group, "AdamW");
 }
 
 }  // namespace tdist::optim

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include "optim/library_options.h"
 #include "optim/tensor_buckets.h"
 #include "tdist/error.h"
 
@@ -20,15 +21,9 @@ struct SGDHyper {
 SGDHyper hyper_of(const torch::optim::OptimizerOptions& group_options,
                   const torch::optim::OptimizerOptions& defaults) {
   const auto& base = static_cast<const torch::optim::SGDOptions&>(group_options);
-  const auto* ours = dynamic_cast<const SGDOptions*>(&group_options);
-  const auto* fallback = dynamic_cast<const SGDOptions*>(&defaults);
-  const bool maximize = ours != nullptr ? ours->maximize() : fallback && fallback->maximize();
-  const Implementation impl = ours != nullptr       ? ours->implementation()
-                              : fallback != nullptr ? fallback->implementation()
-                                                    : Implementation::kDefault;
-  return {
-      base.lr(), base.momentum(), base.dampening(), base.weight_decay(), base.nesterov(), maximize,
-      impl};
+  const detail::Extension ext = detail::extension_of<SGDOptions>(group_options, defaults);
+  return {base.lr(),       base.momentum(), base.dampening(),  base.weight_decay(),
+          base.nesterov(), ext.maximize,    ext.implementation};
 }
 
 torch::optim::SGDParamState& state_of(torch::optim::Optimizer& opt, const at::Tensor& p) {
@@ -128,24 +123,14 @@ void fused_bucket(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& p
 
 SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, SGDOptions defaults)
     : torch::optim::SGD(param_groups, defaults) {
-  defaults_ = std::make_unique<SGDOptions>(defaults);
-  for (auto& group : param_groups_) {
-    if (dynamic_cast<const SGDOptions*>(&group.options()) != nullptr) continue;
-    SGDOptions ours(static_cast<const torch::optim::SGDOptions&>(group.options()));
-    ours.maximize(defaults.maximize()).implementation(defaults.implementation());
-    group.set_options(std::make_unique<SGDOptions>(ours));
-  }
+  detail::adopt_options(defaults_, param_groups_, defaults);
 }
 
 SGD::SGD(std::vector<at::Tensor> params, SGDOptions defaults)
     : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
 at::Tensor SGD::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = detail::evaluate_closure(closure);
   at::NoGradGuard no_grad;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const SGDHyper h = hyper_of(param_groups_[g].options(), *defaults_);
@@ -170,14 +155,7 @@ at::Tensor SGD::step(LossClosure closure) {
 }
 
 Implementation SGD::implementation(size_t group) const {
-  TDIST_CHECK_ARG(group < param_groups_.size(), "tdist::optim::SGD::implementation: param group " +
-                                                    std::to_string(group) +
-                                                    " does not exist (the optimizer has " +
-                                                    std::to_string(param_groups_.size()) + ")");
-  const SGDHyper h = hyper_of(param_groups_[group].options(), *defaults_);
-  detail::SteppedParams all;
-  all.params = param_groups_[group].params();
-  return detail::resolve(h.implementation, all, group, kName);
+  return detail::implementation_of<SGDOptions>(*this, group, kName);
 }
 
 }  // namespace tdist::optim

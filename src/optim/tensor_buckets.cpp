@@ -1,38 +1,13 @@
 #include "optim/tensor_buckets.h"
 
-#include <map>
+#include <iterator>
 #include <utility>
 
 #include <ATen/ATen.h>
 
 #include "tdist/error.h"
 
-namespace tdist::optim {
-
-std::string to_string(Implementation implementation) {
-  switch (implementation) {
-    case Implementation::kDefault:
-      return "default";
-    case Implementation::kForLoop:
-      return "for-loop";
-    case Implementation::kForeach:
-      return "foreach";
-    case Implementation::kFused:
-      return "fused";
-  }
-  return "?";
-}
-
-Implementation implementation_from_string(const std::string& name) {
-  for (auto i : {Implementation::kDefault, Implementation::kForLoop, Implementation::kForeach,
-                 Implementation::kFused}) {
-    if (to_string(i) == name) return i;
-  }
-  TDIST_THROW(InvalidArgument, "optimizer implementation '" + name +
-                                   "' is not one of default, for-loop, foreach, fused");
-}
-
-namespace detail {
+namespace tdist::optim::detail {
 namespace {
 
 std::string where(const char* optimizer, size_t group, size_t position) {
@@ -55,7 +30,7 @@ SteppedParams stepped_params(const std::vector<at::Tensor>& group, size_t group_
     TDIST_CHECK_ARG(!p.grad().is_sparse(),
                     where(optimizer, group_index, i) +
                         " has a sparse gradient, which this optimizer does not support "
-                        "(densify it first, or use torch::optim::SparseAdam-like code)");
+                        "(densify it first: grad.to_dense())");
     out.params.push_back(p);
     out.grads.push_back(p.grad());
     out.positions.push_back(i);
@@ -119,5 +94,4 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
   return out;
 }
 
-}  // namespace detail
-}  // namespace tdist::optim
+}  // namespace tdist::optim::detail

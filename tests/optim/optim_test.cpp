@@ -171,6 +171,7 @@ TEST(Optim, SGDEqualsLibTorchForEveryImplementationAndOption) {
                                      .weight_decay(wd)
                                      .maximize(maximize)
                                      .implementation(impl));
+              EXPECT_EQ(ours.implementation(), impl);
               torch::optim::SGD ref(b, torch::optim::SGDOptions(0.05)
                                            .momentum(momentum)
                                            .dampening(dampening)

@@ -92,10 +92,9 @@ namespace detail {
 /// mirror the int64 steps of the LibTorch state, so the state dict keeps its layout.
 class StepTensors {
  public:
-  /// The step tensor of `param`, holding `step` (refilled when it does not).
+  /// The step tensor of `param`, holding `step` (refilled when it does not); the caller adds
+  /// one to it before the kernel reads it, so step + 1 is what it then holds.
   const at::Tensor& of(const at::Tensor& param, int64_t step);
-  /// Records that every tensor `of` returned for these parameters was incremented by one.
-  void advanced(const std::vector<at::Tensor>& params);
 
  private:
   struct Mirror {
