@@ -1,12 +1,13 @@
-// bench_fsdp_1b: the point of FSDP. Two ranks train a GPT of >= 1e9 parameters (default
-// width 1536, 36 blocks: 1.023e9; many mid-size blocks keep FSDP's in-flight unsharded blocks
+// bench_fsdp_1b: the point of FSDP. Two ranks train a GPT-2 of >= 1e9 parameters (default
+// width 1536, 36 blocks: 1.022e9; many mid-size blocks keep FSDP's in-flight unsharded blocks
 // small) for a few steps with FSDP full shard (AdamW, fp32), and the
 // same model under tdist DDP, each rank under the same address-space cap (RLIMIT_AS, set in
 // the rank before it builds anything). FSDP needs 16*psi/2 bytes of model state per rank plus
 // a few unsharded blocks; DDP needs 16*psi per rank, so it runs out of memory.
 //
 //   bench_fsdp_1b [--cap-gib 11] [--modes fsdp,ddp] [--deadline-s 1200]
-//   modes: fsdp (build-then-shard, block by block), fsdp-meta (deferred init: built on the
+//   modes: fsdp (build-then-shard: built whole, then layer by layer), fsdp-meta (deferred init:
+//   built on the
 //          meta device, then materialize), ddp
 //   env: BENCH_WIDTH (1536) BENCH_DEPTH (36) BENCH_SEQ (32) BENCH_BATCH (1, per rank)
 //        BENCH_VOCAB (1024) BENCH_STEPS (3) BENCH_PREFETCH (1; 0: no prefetch, 1 all-gather
@@ -43,11 +44,11 @@
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/models/pretrained.h"
 #include "tdist/optim/adam.h"
 
 namespace {
 
-using bench_fsdp::Block;
 using bench_fsdp::DDP;
 using bench_fsdp::env_int;
 using bench_fsdp::GPT;
@@ -85,19 +86,10 @@ void say(const std::string& who, const std::string& what) {
   std::cout << s.str() << std::flush;
 }
 
-// Deferred init's values for the GPT's own parameter (pos); LibTorch's layers reset
-// themselves.
-void gpt_init(const std::string& name, torch::nn::Module& module) {
-  if (auto* gpt = dynamic_cast<bench_fsdp::GPTImpl*>(&module)) {
-    gpt->pos.normal_(0.0, 0.02);
-    return;
-  }
-  tdist::fsdp::reset_builtin_parameters(name, module);
-}
-
-// One rank: builds the model and trains. fsdp: each block sharded as soon as it is built
+// One rank: builds the model and trains. fsdp: built whole, then each layer sharded
 // (build-then-shard); fsdp-meta: built on the meta device, sharded, then materialize
-// allocates and initialises this rank's shards only (deferred init); ddp: built whole.
+// allocates and initialises this rank's shards only (deferred init, transformers' GPT-2
+// initialisation); ddp: built whole.
 int run_rank(const std::string& mode, int rank) {
   const std::string who = mode + " rank " + std::to_string(rank);
   bench_fsdp::GPTConfig g;
@@ -115,28 +107,21 @@ int run_rank(const std::string& mode, int rank) {
   if (env_int("BENCH_PREFETCH", 1) == 0) options.prefetch(false).all_gather_limit(1);
   try {
     torch::manual_seed(42);  // identical initial parameters on every rank
-    double psi = 0;
     const double rss_before_gib = gib(proc_kib("/proc/self/status", "VmRSS"));
     const auto t_build = std::chrono::steady_clock::now();
-    auto build = [&] {
-      return GPT(g, [&](Block& block) {
-        for (const auto& p : block->parameters()) psi += static_cast<double>(p.numel());
-        if (fsdp) tdist::fsdp::fully_shard(block, options);  // the full block is freed here
-      });
-    };
-    GPT model{nullptr};
+    const tdist::models::ModelConfig config = g.model();
+    const double psi = static_cast<double>(config.num_parameters());
+    GPT model;
     if (deferred) {
       tdist::fsdp::MetaDeviceGuard meta;
-      model = build();
+      model = tdist::models::build_model(config);
     } else {
-      model = build();
+      model = tdist::models::build_model(config);
     }
-    for (const auto& np : model->named_parameters()) {
-      if (np.key().rfind("block", 0) != 0) psi += static_cast<double>(np.value().numel());
-    }
-    if (fsdp) tdist::fsdp::fully_shard(model, options);
+    if (fsdp) tdist::models::fully_shard_model(model, options);
     if (deferred) {
-      tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(42).init_fn(gpt_init));
+      tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(42).init_fn(
+                                          tdist::models::init_weights_fn(config)));
     }
     std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP

@@ -38,6 +38,7 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/models/pretrained.h"
 #include "tdist/optim/adam.h"
 
 namespace {
@@ -108,7 +109,7 @@ double peak_rss_mb() {
 // Trains; `rank`/`world` pick this rank's rows of each global batch (world 1: all rows).
 Result train(const Config& c, const std::string& mode, int rank, int world) {
   torch::manual_seed(42);
-  GPT model(c.gpt());
+  GPT model = tdist::models::build_model(c.gpt().model());
   Result r;
   r.psi = 0;
   for (const auto& p : model->parameters()) r.psi += p.numel();
@@ -121,7 +122,7 @@ Result train(const Config& c, const std::string& mode, int rank, int world) {
     tdist::fsdp::FullyShardOptions o;
     if (mode == "fsdp_zero2") o.reshard_after_forward(false);
     if (mode == "fsdp_noprefetch") o.prefetch(false);
-    for (auto& b : model->blocks) handles.push_back(tdist::fsdp::fully_shard(b, o));
+    for (const auto& layer : model->layers()) handles.push_back(tdist::fsdp::fully_shard(layer, o));
     handles.push_back(tdist::fsdp::fully_shard(model, o));
   }
   tdist::optim::AdamW opt(model->parameters(), tdist::optim::AdamWOptions(1e-3).implementation(

@@ -25,7 +25,6 @@
 #include "common/openblas_kernels.h"
 #include "gpt/launcher.h"
 #include "gpt/memory.h"
-#include "gpt/model_config.h"
 #include "gpt/model_spec.h"
 #include "gpt/parallel.h"
 #include "gpt/world.h"
@@ -37,6 +36,12 @@
 
 namespace {
 
+gpt::ModelSpec gpt2_spec() {
+  gpt::ModelSpec spec;
+  spec.family = "gpt2";
+  return spec;
+}
+
 struct Options {
   std::string mode = "single";
   int nproc = 1;
@@ -44,7 +49,9 @@ struct Options {
   int warmup = 3;
   int threads = 0;
   int64_t batch_size = 16;
-  gpt::ModelConfig model;  // the shape flags; the model is the GPT-2 family of tdist::models
+  // The shape flags of the GPT-2 family of tdist::models (vocabulary: bytes, as gpt_torch.py).
+  gpt::ModelSpec model = gpt2_spec();
+  int64_t vocab_size = 256;
   std::string json_path;
   std::string init_out;  // rank 0 writes the initial parameters here (PyTorch's .pt format)
   std::string device = "cpu";
@@ -61,14 +68,7 @@ int run_rank(const Options& o) {
   torch::set_num_threads(threads);
   // GPT-2 (transformers' GPT2LMHeadModel, tdist::models), built on the meta device and
   // materialised from seeds as the trainer does (after sharding under FSDP).
-  gpt::ModelSpec spec;
-  spec.family = "gpt2";
-  spec.n_layer = o.model.n_layer;
-  spec.n_head = o.model.n_head;
-  spec.n_embd = o.model.n_embd;
-  spec.block_size = o.model.block_size;
-  spec.tie_weights = o.model.tie_weights;
-  const auto config = spec.resolve(o.model.vocab_size, std::nullopt, std::nullopt);
+  const auto config = o.model.resolve(o.vocab_size, std::nullopt, std::nullopt);
   gpt::Model model;
   {
     tdist::fsdp::MetaDeviceGuard meta;
@@ -115,8 +115,8 @@ int run_rank(const Options& o) {
       gpt::barrier(world);
       start = std::chrono::steady_clock::now();
     }
-    auto tokens = torch::randint(0, o.model.vocab_size, {o.batch_size, o.model.block_size + 1}, gen,
-                                 torch::kLong);
+    auto tokens =
+        torch::randint(0, o.vocab_size, {o.batch_size, o.model.block_size + 1}, gen, torch::kLong);
     using torch::indexing::Slice;
     auto x = tokens.index({Slice(), Slice(0, -1)}).contiguous().to(world.device);
     auto y = tokens.index({Slice(), Slice(1, torch::indexing::None)}).contiguous().to(world.device);

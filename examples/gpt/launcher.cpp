@@ -13,6 +13,9 @@
 #include <map>
 
 #include "tdist/error.h"
+#ifdef TDIST_GPT_WITH_COMM
+#include "tdist/comm/launch_environment.h"
+#endif
 
 namespace gpt {
 namespace {
@@ -49,7 +52,16 @@ std::string self_path() {
 
 bool launched_as_rank() {
   const char* rank = std::getenv("RANK");
-  return rank != nullptr && *rank != '\0';
+  if (rank != nullptr && *rank != '\0') return true;
+#ifdef TDIST_GPT_WITH_COMM
+  // Note [Launch environment precedence] (tdist/comm/launch_environment.h).
+  const tdist::LaunchEnvironment launch = tdist::LaunchEnvironment::detect();
+  if (!launch.found()) return false;
+  launch.export_torchrun_variables();
+  return true;
+#else
+  return false;
+#endif
 }
 
 int spawn_local_ranks(int nproc, const std::vector<std::string>& argv) {

@@ -10,7 +10,9 @@
 
 namespace gpt {
 
-/// True when RANK is set (started by tdistrun, torchrun-style launchers or our spawner).
+/// True when a launcher started this process as one rank of a job: RANK is set (tdistrun,
+/// torchrun, our spawner), or srun's, mpirun's or a Kubeflow PyTorchJob's variables say so;
+/// then the torchrun variables they imply are set too (tdist::LaunchEnvironment).
 bool launched_as_rank();
 
 /// Runs `argv` (argv[0] ignored: this executable is re-run) as nproc ranks and waits.

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "gpt/device.h"
+#include "gpt/launcher.h"
 #include "tdist/error.h"
 #ifdef TDIST_GPT_WITH_COMM
 #include "tdist/comm/distributed.h"
@@ -42,6 +43,7 @@ tdist::InitProcessGroupOptions group_options(const World& world) {
 }  // namespace
 
 World init_world(int timeout_s, const std::string& device) {
+  launched_as_rank();  // srun, mpirun, Kubeflow: their variables as torchrun's
   World world;
   world.world_size = env_int("WORLD_SIZE", 1);
   world.rank = env_int("RANK", 0);

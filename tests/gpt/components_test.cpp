@@ -1,4 +1,4 @@
-// Unit tests of the trainer's parts: schedule, the benchmarks' GPT, the packed data loader and
+// Unit tests of the trainer's parts: schedule, the packed data loader and
 // token files, the model spec, plot and progress formatting.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "gpt/dataset.h"
-#include "gpt/model.h"
 #include "gpt/model_spec.h"
 #include "gpt/plot.h"
 #include "gpt/progress.h"
@@ -20,15 +19,6 @@
 #include "tdist/error.h"
 
 namespace {
-
-gpt::ModelConfig tiny_model() {
-  gpt::ModelConfig c;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  return c;
-}
 
 TEST(GptSchedule, WarmupThenCosineToMin) {
   gpt::LrSchedule s{/*max_lr=*/1.0, /*min_lr=*/0.1, /*warmup_steps=*/10, /*total_steps=*/110};
@@ -59,44 +49,6 @@ TEST(GptSchedule, ValidateNamesTheFlag) {
   }
   s = {1.0, 0.1, 200, 100};
   EXPECT_THROW(s.validate(), tdist::InvalidArgument);
-}
-
-TEST(GptModel, ShapesAndParameterCount) {
-  for (bool tied : {true, false}) {
-    auto config = tiny_model();
-    config.tie_weights = tied;
-    torch::manual_seed(0);
-    gpt::GPT model(config);
-    int64_t count = 0;
-    for (const auto& p : model->parameters()) count += p.numel();
-    EXPECT_EQ(count, config.num_parameters()) << "tied=" << tied;
-    auto logits = model->forward(torch::randint(0, 256, {3, 16}, torch::kLong));
-    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 16, 256}));
-  }
-}
-
-TEST(GptModel, IsCausal) {
-  torch::manual_seed(0);
-  gpt::GPT model(tiny_model());
-  model->eval();
-  torch::NoGradGuard no_grad;
-  auto idx = torch::randint(0, 256, {1, 12}, torch::kLong);
-  auto changed = idx.clone();
-  changed[0][8] = (changed[0][8].item<int64_t>() + 1) % 256;
-  auto a = model->forward(idx), b = model->forward(changed);
-  using torch::indexing::Slice;
-  EXPECT_TRUE(torch::allclose(a.index({Slice(), Slice(0, 8)}), b.index({Slice(), Slice(0, 8)})));
-  EXPECT_FALSE(torch::allclose(a.index({Slice(), Slice(8, 12)}), b.index({Slice(), Slice(8, 12)})));
-}
-
-TEST(GptModel, RejectsBadConfig) {
-  auto config = tiny_model();
-  config.n_embd = 17;
-  EXPECT_THROW(config.validate(), tdist::InvalidArgument);
-  EXPECT_THROW(gpt::GPT{config}, tdist::InvalidArgument);
-  torch::manual_seed(0);
-  gpt::GPT model(tiny_model());
-  EXPECT_THROW(model->forward(torch::zeros({1, 17}, torch::kLong)), tdist::InvalidArgument);
 }
 
 std::set<std::vector<int64_t>> rows_of(const torch::Tensor& x) {
