@@ -12,6 +12,7 @@
 #include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
+#include "tdist/comm/launch_environment.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/optim/adam.h"

@@ -18,12 +18,14 @@ const char* env_value(const char* name) {
   return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-bool parse_debug_level(const char* name, const char* value) {
+// 0: OFF, 1: INFO, 2: DETAIL.
+int parse_debug_level(const char* name, const char* value) {
   std::string level(value);
   std::transform(level.begin(), level.end(), level.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  if (level == "DETAIL") return true;
-  if (level == "OFF" || level == "INFO") return false;
+  if (level == "DETAIL") return 2;
+  if (level == "INFO") return 1;
+  if (level == "OFF") return 0;
   TDIST_THROW(InvalidArgument,
               std::string(name) + "='" + value + "' is not a debug level; use OFF, INFO or DETAIL");
 }
@@ -42,11 +44,14 @@ std::optional<CommEnvironment>& current() {
 
 CommEnvironment CommEnvironment::from_env() {
   CommEnvironment env;
+  int level = 0;
   if (const char* v = env_value("TDIST_DEBUG")) {
-    env.debug_detail = parse_debug_level("TDIST_DEBUG", v);
+    level = parse_debug_level("TDIST_DEBUG", v);
   } else if (const char* torch = env_value("TORCH_DISTRIBUTED_DEBUG")) {
-    env.debug_detail = parse_debug_level("TORCH_DISTRIBUTED_DEBUG", torch);
+    level = parse_debug_level("TORCH_DISTRIBUTED_DEBUG", torch);
   }
+  env.debug_info = level >= 1;
+  env.debug_detail = level >= 2;
   if (auto n = util::env_integer("TDIST_FLIGHT_RECORDER_SIZE", 0, "a count >= 0")) {
     env.flight_recorder_size = static_cast<size_t>(*n);
   }

@@ -15,6 +15,8 @@ struct CommEnvironment {
   /// TDIST_DEBUG (or TORCH_DISTRIBUTED_DEBUG) is DETAIL: check every collective's
   /// signature across ranks first (OFF and INFO: no checks).
   bool debug_detail = false;
+  /// TDIST_DEBUG is INFO or DETAIL: say once how the job was found (the launch environment).
+  bool debug_info = false;
   /// TDIST_FLIGHT_RECORDER_SIZE: collectives the flight recorder keeps.
   size_t flight_recorder_size = 256;
   /// TDIST_FLIGHT_RECORDER_DIR: where a failure's dump goes (empty: the temp directory).

@@ -17,6 +17,7 @@
 #include "comm/host_staged_backend.h"
 #include "rendezvous.h"
 #include "state.h"
+#include "tdist/comm/launch_environment.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
 #include "tdist/util/env.h"
@@ -195,6 +196,19 @@ void warn_if_generic_openblas() {
                    fix + " (tdistrun sets it for its workers)\n";
 }
 
+// Note [Launch environment precedence]: a process started by srun, mpirun or a Kubeflow
+// PyTorchJob gets the torchrun variables its launcher implies, which env:// and every other
+// reader of them (LOCAL_RANK, LOCAL_WORLD_SIZE) then use.
+void adopt_launch_environment(bool say_it) {
+  if (std::getenv("RANK") != nullptr) return;  // torchrun / tdistrun: used as they are
+  const LaunchEnvironment launch = LaunchEnvironment::detect();
+  launch.export_torchrun_variables();
+  static std::atomic<bool> said{false};
+  if (say_it && launch.found() && !said.exchange(true)) {
+    std::cerr << "tdist: " + launch.describe() + "\n";
+  }
+}
+
 }  // namespace
 
 void init_process_group(const InitProcessGroupOptions& options) {
@@ -212,7 +226,8 @@ void init_process_group(const InitProcessGroupOptions& options) {
                   "init_process_group: timeout must not be negative (got " +
                       std::to_string(options.timeout().count()) + " ms)");
   auto timeout = options.timeout().count() > 0 ? options.timeout() : detail::default_timeout(spec);
-  bool debug = detail::reload_comm_environment().debug_detail;
+  const detail::CommEnvironment comm_env = detail::reload_comm_environment();
+  bool debug = comm_env.debug_detail;
 
   auto state = std::make_unique<WorldState>();
   int rank = options.rank();
@@ -247,6 +262,10 @@ void init_process_group(const InitProcessGroupOptions& options) {
       rank = launched->rank;
       world_size = launched->world_size;
     } else {
+      if (rank < 0 && world_size < 0 &&
+          (options.init_method().empty() || options.init_method() == "env://")) {
+        adopt_launch_environment(comm_env.debug_info);
+      }
       auto result = detail::rendezvous(options.init_method(), rank, world_size, timeout);
       state->store = result.store;
       rank = result.rank;

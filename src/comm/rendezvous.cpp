@@ -22,7 +22,8 @@ namespace {
 
 constexpr const char* kEnvHelp =
     "env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (RANK and WORLD_SIZE may "
-    "instead be passed to init_process_group)";
+    "instead be passed to init_process_group); tdistrun, torchrun, srun, mpirun and a "
+    "Kubeflow PyTorchJob provide them (docs/launcher.md, \"Other launchers\")";
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),

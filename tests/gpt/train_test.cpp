@@ -408,6 +408,31 @@ TEST(GptTrain, DdpAtWorldTwoMatchesWorldOneWithTheSameGlobalBatch) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-3) << "step " << i + 1;
 }
 
+TEST(GptTrain, StartedBySrunWithNoFlagsTrainsAsUnderTdistrun) {
+  // Only srun's variables (no RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): the trainer takes
+  // its rank, world and store from them (Note [Launch environment precedence]) and trains
+  // step for step as the same job started the torchrun way.
+  const auto tdistrun_way = train_in_processes(2, "ddp", 4, 4);
+  const std::string dir = tdist::testing::make_temp_dir("gpt-srun");
+  tdist::testing::ProcessOptions options;
+  options.bare_env = true;
+  options.env = tdist::testing::srun_environment(2, tdist::testing::slurm_job_id_with_free_port());
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"GPT_TEST_RUN_DIR", dir},
+                                                               {"GPT_TEST_MODE", "ddp"},
+                                                               {"GPT_TEST_STEPS", "4"},
+                                                               {"GPT_TEST_BATCH", "4"}}) {
+    options.env[k] = v;
+  }
+  for (int r = 0; r < 2; ++r) options.rank_env[r] = tdist::testing::srun_task_environment(r);
+  options.timeout = std::chrono::seconds(240);
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("gpt_train_tiny", 2, options));
+  auto a = logged(tdistrun_way, "train"), b = logged(dir, "train");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+}
+
 #ifdef TDIST_GPT_WITH_FSDP
 TEST(GptTrain, FsdpAtWorldThreeMatchesWorldOneWithTheSameGlobalBatch) {
   // Pretraining builds the model on the meta device and each rank materialises its shards

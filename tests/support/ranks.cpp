@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -92,6 +93,37 @@ int free_port() {
   int port = ntohs(addr.sin_port);
   ::close(fd);
   return port;
+}
+
+int slurm_job_id_with_free_port() {
+  std::mt19937 gen(std::random_device{}());
+  for (int tries = 0; tries < 100; ++tries) {
+    const int id = static_cast<int>(gen() % 1000000);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(20000 + id % 20000));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (free) return id;
+  }
+  throw std::runtime_error("slurm_job_id_with_free_port: no free port in 100 tries");
+}
+
+std::map<std::string, std::string> srun_environment(int world_size, int job_id) {
+  const std::string tasks = std::to_string(world_size);
+  return {{"SLURM_NTASKS", tasks},
+          {"SLURM_NPROCS", tasks},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_TASKS_PER_NODE", tasks},
+          {"SLURM_JOB_NODELIST", "localhost"},
+          {"SLURM_STEP_NODELIST", "localhost"},
+          {"SLURM_JOB_ID", std::to_string(job_id)}};
+}
+
+std::map<std::string, std::string> srun_task_environment(int rank) {
+  return {{"SLURM_PROCID", std::to_string(rank)}, {"SLURM_LOCALID", std::to_string(rank)}};
 }
 
 std::string self_executable() {

@@ -75,6 +75,15 @@ void expect_all_ok_at_worlds(const std::string& scenario, std::initializer_list<
 /// A free TCP port on 127.0.0.1 (bound then released; a race is possible but rare).
 int free_port();
 
+/// A SLURM job id whose derived store port (20000 + id % 20000, Note [Launch environment
+/// precedence]) is free on 127.0.0.1 now.
+int slurm_job_id_with_free_port();
+
+/// What srun sets for every task of a one-node step of `world_size` tasks on localhost, and
+/// for task `rank` (ProcessOptions::env and rank_env, with bare_env).
+std::map<std::string, std::string> srun_environment(int world_size, int job_id);
+std::map<std::string, std::string> srun_task_environment(int rank);
+
 /// A fresh empty directory under the system temp dir, removed at process exit.
 std::string make_temp_dir(const std::string& prefix = "tdist-test");
 
