@@ -6,15 +6,18 @@
 // 13*width per block, plus vocab*width (tied head) + seq*width + 2*width.
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/models/causal_lm.h"
 #include "tdist/models/config.h"
+#include "tdist/models/pretrained.h"
 #ifdef TDIST_BENCH_HAVE_DDP
 #include "tdist/ddp/distributed_data_parallel.h"
 #endif
@@ -52,6 +55,22 @@ struct GPTConfig {
 };
 
 using GPT = std::shared_ptr<tdist::models::CausalLM>;
+
+/// The GPT with transformers' initialisation, seeded, so that every mode and rank starts from
+/// the same weights: built on the meta device, `shard` applied (fully_shard, or nothing),
+/// then materialised, each rank allocating only what it keeps.
+inline GPT build_gpt(const GPTConfig& c, const std::function<void(const GPT&)>& shard = {}) {
+  const tdist::models::ModelConfig config = c.model();
+  GPT model;
+  {
+    tdist::fsdp::MetaDeviceGuard meta;
+    model = tdist::models::build_model(config);
+  }
+  if (shard) shard(model);
+  tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(42).init_fn(
+                                      tdist::models::init_weights_fn(config)));
+  return model;
+}
 
 #ifdef TDIST_BENCH_HAVE_DDP
 using DDP = tdist::ddp::DistributedDataParallel;

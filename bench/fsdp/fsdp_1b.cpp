@@ -113,15 +113,14 @@ int run_rank(const std::string& mode, int rank) {
     const double psi = static_cast<double>(config.num_parameters());
     GPT model;
     if (deferred) {
-      tdist::fsdp::MetaDeviceGuard meta;
-      model = tdist::models::build_model(config);
+      model = bench_fsdp::build_gpt(
+          g, [&](const GPT& m) { tdist::models::fully_shard_model(m, options); });
     } else {
       model = tdist::models::build_model(config);
-    }
-    if (fsdp) tdist::models::fully_shard_model(model, options);
-    if (deferred) {
-      tdist::fsdp::materialize(model, tdist::fsdp::MaterializeOptions().seed(42).init_fn(
-                                          tdist::models::init_weights_fn(config)));
+      const auto init = tdist::models::init_weights_fn(config);
+      torch::NoGradGuard no_grad;
+      for (const auto& item : model->named_modules()) init(item.key(), *item.value());
+      if (fsdp) tdist::models::fully_shard_model(model, options);
     }
     std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP

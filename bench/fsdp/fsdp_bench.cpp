@@ -108,23 +108,21 @@ double peak_rss_mb() {
 
 // Trains; `rank`/`world` pick this rank's rows of each global batch (world 1: all rows).
 Result train(const Config& c, const std::string& mode, int rank, int world) {
-  torch::manual_seed(42);
-  GPT model = tdist::models::build_model(c.gpt().model());
   Result r;
-  r.psi = 0;
-  for (const auto& p : model->parameters()) r.psi += p.numel();
+  r.psi = static_cast<double>(c.gpt().model().num_parameters());
   std::vector<tdist::fsdp::FSDPModule> handles;
+  GPT model = bench_fsdp::build_gpt(c.gpt(), [&](const GPT& m) {
+    if (mode.rfind("fsdp", 0) != 0) return;
+    tdist::fsdp::FullyShardOptions o;
+    if (mode == "fsdp_zero2") o.reshard_after_forward(false);
+    if (mode == "fsdp_noprefetch") o.prefetch(false);
+    for (const auto& layer : m->layers()) handles.push_back(tdist::fsdp::fully_shard(layer, o));
+    handles.push_back(tdist::fsdp::fully_shard(m, o));
+  });
   std::unique_ptr<DDP> ddp;
 #ifdef TDIST_BENCH_HAVE_DDP
   if (mode == "ddp") ddp = std::make_unique<DDP>(model);
 #endif
-  if (mode.rfind("fsdp", 0) == 0) {
-    tdist::fsdp::FullyShardOptions o;
-    if (mode == "fsdp_zero2") o.reshard_after_forward(false);
-    if (mode == "fsdp_noprefetch") o.prefetch(false);
-    for (const auto& layer : model->layers()) handles.push_back(tdist::fsdp::fully_shard(layer, o));
-    handles.push_back(tdist::fsdp::fully_shard(model, o));
-  }
   tdist::optim::AdamW opt(model->parameters(), tdist::optim::AdamWOptions(1e-3).implementation(
                                                    tdist::optim::Implementation::kFused));
   double best = INFINITY;
