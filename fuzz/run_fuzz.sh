@@ -1,27 +1,73 @@
 #!/usr/bin/env bash
-# Builds the store-parser fuzzer with clang++ (libFuzzer + ASan + UBSan) and runs a short,
-# bounded session. Used by ctest (fuzz/CMakeLists.txt) and by hand:
-#   fuzz/run_fuzz.sh <source dir> <work dir> [libFuzzer flags, e.g. -max_total_time=600]
+# Builds one fuzzer with clang++ (libFuzzer + ASan + UBSan) and runs a short, bounded
+# session. Used by ctest (fuzz/CMakeLists.txt) and by hand for longer runs:
+#   fuzz/run_fuzz.sh <source dir> <work dir> <target> [libFuzzer flags, e.g. -max_total_time=600]
+# Targets (every reader of outside bytes that does not need LibTorch's libraries):
+#   store_protocol  the TCP store's request parser
+#   pickle          the pickle reader (DCP .metadata)
+#   zip             the zip reader that checks torch.save archives
+#   model_config    config.json as from_pretrained reads it (links LibTorch's c10 only)
+# Seeds come from real files where a Python is at hand (the .venv's, or python3): pickles of
+# Python's own pickler, DCP metadata and torch.save archives written by PyTorch,
+# transformers' config.json of each family; else a few written here.
 # Exit status: the fuzzer's (non-zero on a crash or a broken property). Prints SKIPPED and
 # exits 0 only when no clang++ is installed.
 set -euo pipefail
 src=${1:?source dir}
 work=${2:?work dir}
-shift 2
+target=${3:?target: store_protocol, pickle, zip or model_config}
+shift 3
 clangxx=${CLANGXX:-$(command -v clang++ || command -v clang++-14 || true)}
 if [[ -z "$clangxx" ]]; then
-  echo "SKIPPED: clang++ not found; install clang to run the store fuzzer"
+  echo "SKIPPED: clang++ not found; install clang to run the $target fuzzer"
   exit 0
 fi
-mkdir -p "$work/corpus"
-bin="$work/store_protocol_fuzzer"
-"$clangxx" -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -I"$src/src" -I"$src/include" \
-  "$src/fuzz/store_protocol_fuzzer.cpp" "$src/src/store/tcp_store_protocol.cpp" -o "$bin"
-# Seeds: one valid frame of a few ops, so mutations start from the interesting shapes.
-printf '\x02\x0e\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00\x00\x00\x00\x00v' \
-  > "$work/corpus/seed_set"
-printf '\x08\x00\x00\x00\x00\x00\x00\x00\x00' > "$work/corpus/seed_num_keys"
-printf 'GET / HTTP/1.1\r\n\r\n' > "$work/corpus/seed_http"
+python=${TDIST_TEST_PYTHON:-$src/.venv/bin/python}
+[[ -x "$python" ]] || python=$(command -v python3 || true)
+corpus="$work/corpus"
+mkdir -p "$corpus"
+bin="$work/${target}_fuzzer"
+flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+       -I"$src/src" -I"$src/include")
+case "$target" in
+  store_protocol)
+    "$clangxx" "${flags[@]}" "$src/fuzz/store_protocol_fuzzer.cpp" \
+      "$src/src/store/tcp_store_protocol.cpp" -o "$bin"
+    printf '\x02\x0e\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00\x00\x00\x00\x00v' \
+      > "$corpus/seed_set"
+    printf '\x08\x00\x00\x00\x00\x00\x00\x00\x00' > "$corpus/seed_num_keys"
+    printf 'GET / HTTP/1.1\r\n\r\n' > "$corpus/seed_http"
+    max_len=4096
+    ;;
+  pickle)
+    "$clangxx" "${flags[@]}" "$src/fuzz/pickle_fuzzer.cpp" \
+      "$src/src/checkpoint/pickle_reader.cpp" "$src/src/util/error.cpp" -o "$bin"
+    max_len=65536
+    ;;
+  zip)
+    "$clangxx" "${flags[@]}" -msse4.2 -mpclmul "$src/fuzz/zip_fuzzer.cpp" \
+      "$src/src/checkpoint/zip_check.cpp" "$src/src/checkpoint/crc32c.cpp" \
+      "$src/src/util/error.cpp" -o "$bin"
+    max_len=65536
+    ;;
+  model_config)
+    torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+    if [[ -z "$torch_dir" ]]; then
+      echo "SKIPPED: no PyTorch at $python for c10's headers; run tools/setup.sh"
+      exit 0
+    fi
+    "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/model_config_fuzzer.cpp" \
+      "$src/src/models/config.cpp" "$src/src/util/error.cpp" \
+      -L"$torch_dir/lib" -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
+    max_len=8192
+    ;;
+  *)
+    echo "unknown target '$target'" >&2
+    exit 2
+    ;;
+esac
+if [[ -n "$python" ]]; then
+  "$python" "$src/fuzz/make_seeds.py" "$target" "$corpus"
+fi
 if [[ $# -eq 0 ]]; then set -- -runs=20000; fi
-exec "$bin" -max_len=4096 -timeout=10 -rss_limit_mb=1024 "$@" "$work/corpus"
+exec "$bin" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$work/" "$@" "$corpus"

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <unordered_set>
 
 #include "checkpoint/pickle_opcodes.h"
 #include "tdist/error.h"
@@ -81,7 +82,14 @@ class Unpickler {
     if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
       fail("a memo index is not a number");
     }
-    return std::stoull(text);
+    // Digit by digit: std::stoull would throw std::out_of_range, not a CheckpointError.
+    uint64_t value = 0;
+    for (char c : text) {
+      const uint64_t digit = static_cast<uint64_t>(c - '0');
+      if (value > (UINT64_MAX - digit) / 10) fail("a memo index is out of range");
+      value = value * 10 + digit;
+    }
+    return value;
   }
 
   void push(PyRef v) { stack_.push_back(std::move(v)); }
@@ -125,12 +133,35 @@ class Unpickler {
     o->items = args->items;
     return o;
   }
+  // Note [No cycles]: Python's pickler can write a container that holds itself; PyValues are
+  // reference-counted, so such a value would never be freed, and every reader of it would
+  // loop. Checkpoint metadata never holds one, so inserting a value that reaches its new
+  // container is refused.
+  void refuse_cycle(const PyValue* container, const std::vector<PyRef>& values) {
+    std::unordered_set<const PyValue*> seen;
+    std::vector<const PyValue*> pending;
+    for (const auto& v : values) pending.push_back(v.get());
+    while (!pending.empty()) {
+      const PyValue* v = pending.back();
+      pending.pop_back();
+      if (v == nullptr || !seen.insert(v).second) continue;
+      if (v == container) fail("a container holds itself, which checkpoint data never does");
+      for (const auto& item : v->items) pending.push_back(item.get());
+      for (const auto& [key, value] : v->entries) {
+        pending.push_back(key.get());
+        pending.push_back(value.get());
+      }
+      pending.push_back(v->state.get());
+    }
+  }
   void set_items(PyRef& dict, const std::vector<PyRef>& kv) {
     if (!dict->is(Kind::kDict) || kv.size() % 2 != 0) fail("SETITEMS outside a dict");
+    refuse_cycle(dict.get(), kv);
     for (size_t i = 0; i < kv.size(); i += 2) dict->entries.emplace_back(kv[i], kv[i + 1]);
   }
   void append(PyRef& list, const std::vector<PyRef>& items) {
     if (!list->is(Kind::kList)) fail("APPENDS outside a list");
+    refuse_cycle(list.get(), items);
     list->items.insert(list->items.end(), items.begin(), items.end());
   }
   void memo_put(uint64_t index) { memo_[index] = top(); }
@@ -314,6 +345,7 @@ class Unpickler {
         PyRef state = pop();
         PyRef& target = top();
         if (!target->is(Kind::kObject)) fail("BUILD of something that is not an object");
+        refuse_cycle(target.get(), {state});
         target->state = state;
         break;
       }

@@ -25,7 +25,10 @@ class ZipView {
                                      "); the checkpoint cannot be loaded, use an older one");
   }
   uint64_t le(uint64_t at, int bytes) const {
-    if (at + bytes > size_) fail("a zip structure runs past the end");
+    // Offsets come from the file: `at + bytes` could wrap around, so compare by subtraction.
+    if (at > size_ || static_cast<uint64_t>(bytes) > size_ - at) {
+      fail("a zip structure runs past the end");
+    }
     uint64_t v = 0;
     for (int i = 0; i < bytes; ++i) v |= uint64_t(p_[at + i]) << (8 * i);
     return v;
@@ -67,7 +70,9 @@ class ZipView {
     read_zip64_sizes(at + 46 + name_len, extra_len, le(at + 24, 4), &compressed, &local);
     if (le(local, 4) != kLocalHeader) fail("record '" + name + "' has no local header");
     const uint64_t data = local + 30 + le(local + 26, 2) + le(local + 28, 2);
-    if (data + compressed > size_) fail("record '" + name + "' runs past the end");
+    if (data > size_ || compressed > size_ - data) {
+      fail("record '" + name + "' runs past the end");
+    }
     if (method == 0 && zip_crc32(0, p_ + data, static_cast<size_t>(compressed)) != crc) {
       fail("record '" + name + "' fails its CRC-32 check");
     }

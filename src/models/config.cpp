@@ -285,7 +285,18 @@ void parse_rope(Fields& f, ModelConfig& c) {
   }
 }
 
+// The layer count sizes per-layer tables before validate() runs: a negative or absurd one
+// must be refused here, not become a length_error or an allocation of terabytes.
+void check_layer_count(Fields& f, const char* field, int64_t layers) {
+  constexpr int64_t kMaxLayers = int64_t(1) << 16;
+  if (layers < 1 || layers > kMaxLayers) {
+    f.refuse(field, "is " + std::to_string(layers) + "; expected 1 to " +
+                        std::to_string(kMaxLayers) + " layers");
+  }
+}
+
 void parse_sliding_windows(Fields& f, ModelConfig& c) {
+  check_layer_count(f, "num_hidden_layers", c.num_hidden_layers);
   c.sliding_windows.assign(static_cast<size_t>(c.num_hidden_layers), 0);
   if (c.family == ModelFamily::kMistral) {
     const int64_t window = f.has("sliding_window") ? f.integer("sliding_window") : 0;
@@ -389,7 +400,8 @@ void parse_gpt2(Fields& f, ModelConfig& c) {
     f.refuse("add_cross_attention", "is true; tdist's GPT-2 is a decoder without cross-attention");
   }
   c.qkv_bias = c.o_bias = c.mlp_bias = true;
-  c.sliding_windows.assign(static_cast<size_t>(std::max<int64_t>(c.num_hidden_layers, 0)), 0);
+  check_layer_count(f, f.has("n_layer") ? "n_layer" : "num_hidden_layers", c.num_hidden_layers);
+  c.sliding_windows.assign(static_cast<size_t>(c.num_hidden_layers), 0);
 }
 
 void put_token_ids(json& j, const char* key, const std::vector<int64_t>& ids) {

@@ -11,6 +11,8 @@
 #include "checkpoint/fault.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata_codec.h"
+#include "checkpoint/pickle_reader.h"
+#include "checkpoint/zip_check.h"
 #include "tdist/error.h"
 
 namespace tdist::checkpoint {
@@ -68,6 +70,65 @@ TEST(BlockChecksummer, BlocksMatchDirectCrcs) {
   EXPECT_EQ(crcs[0], detail::crc32c(0, data.data(), 128));
   EXPECT_EQ(crcs[1], detail::crc32c(0, data.data() + 128, 128));
   EXPECT_EQ(crcs[2], detail::crc32c(0, data.data() + 256, 44));
+}
+
+// Found by fuzz/zip_fuzzer.cpp: a zip64 end locator pointing near 2^64 made an offset check
+// (`at + 4 > size`) wrap around, and the reader read far outside the buffer.
+TEST(ZipCheck, OffsetsNearTheTopOfTheRangeAreCorruptNotAWildRead) {
+  std::string archive(20 + 22, '\0');
+  auto put = [&](size_t at, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) archive[at + i] = static_cast<char>(value >> (8 * i));
+  };
+  put(0, 0x07064b50, 4);        // zip64 end locator...
+  put(8, ~uint64_t(0) - 1, 8);  // ...whose zip64 end record is at 2^64 - 2
+  put(20, 0x06054b50, 4);       // end of central directory
+  put(20 + 10, 0xffff, 2);      // entries: see the zip64 record
+  put(20 + 16, 0xffffffff, 4);  // central directory offset: likewise
+  try {
+    detail::check_zip_crcs(archive.data(), archive.size(), "crafted.pt");
+    FAIL() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("crafted.pt"), std::string::npos) << e.what();
+  }
+}
+
+// Found by fuzz/pickle_fuzzer.cpp: a list appended to itself (Python writes one for
+// `x = []; x.append(x)`) leaked, and would make every reader loop (Note [No cycles]).
+// Shared values that form no cycle still read.
+TEST(PickleReader, RefusesAContainerThatHoldsItselfAndReadsSharedValues) {
+  const auto any = [](const std::string&) { return true; };
+  const std::string self_list("\x80\x02]2a.", 6);
+  try {
+    detail::unpickle(self_list, any, "self.pkl");
+    FAIL() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds itself"), std::string::npos) << e.what();
+  }
+  // [x, x] with x = [1], as Python's pickler writes it (the second x by memo).
+  const char bytes[] =
+      "\x80\x02]q\x00(]q\x01"
+      "K\x01"
+      "ah\x01"
+      "e.";
+  const std::string shared(bytes, sizeof(bytes) - 1);
+  const detail::PyRef value = detail::unpickle(shared, any, "shared.pkl");
+  ASSERT_EQ(value->items.size(), 2u);
+  EXPECT_EQ(value->items[0], value->items[1]);
+  EXPECT_EQ(value->items[0]->items.at(0)->integer, 1);
+}
+
+// Found by fuzz/pickle_fuzzer.cpp: a text memo index beyond 64 bits escaped as
+// std::out_of_range instead of the CheckpointError every malformed pickle raises.
+TEST(PickleReader, AHugeMemoIndexIsAMalformedPickle) {
+  const std::string huge = "g" + std::string(60, '5') + "\n.";
+  try {
+    detail::unpickle(
+        huge, [](const std::string&) { return true; }, "huge.pkl");
+    FAIL() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Box, IntersectAndRange) {

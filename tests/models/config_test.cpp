@@ -149,6 +149,16 @@ TEST(ModelConfig, RefusesWhatItDoesNotImplementByName) {
             std::string::npos);
   EXPECT_NE(error_of([] { ModelConfig::from_json("{not json"); }).find("is not JSON"),
             std::string::npos);
+  // Found by fuzz/model_config_fuzzer.cpp: a negative or absurd layer count sized a per-layer
+  // table before validation (std::length_error / bad_alloc, not an error naming the field).
+  EXPECT_NE(error_of([] {
+              ModelConfig::from_json(with(kLlama, "num_hidden_layers", "-1"));
+            }).find("field 'num_hidden_layers' is -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              ModelConfig::from_json(R"({"model_type": "gpt2", "n_layer": 1000000000000})");
+            }).find("field 'n_layer' is 1000000000000"),
+            std::string::npos);
   EXPECT_NE(
       error_of([] { ModelConfig::load("/nonexistent-model-dir"); }).find("has no config.json"),
       std::string::npos);

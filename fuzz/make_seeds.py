@@ -1,0 +1,76 @@
+"""Seed corpora for the fuzzers (fuzz/run_fuzz.sh): real files made by the libraries that
+write them, where this Python has them (PyTorch, transformers), else by Python's own
+modules. Usage: make_seeds.py TARGET DIR"""
+import io
+import json
+import os
+import pickle
+import sys
+import tempfile
+import zipfile
+
+target, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+
+
+def put(name, data):
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(data)
+
+
+def torch_or_none():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+if target == "pickle":
+    value = {"a": [1, 2.5, "x", b"y", None, True], "b": (1, (2, 3)), 3: {"nested": [0] * 5}}
+    for protocol in (2, 3, 4, 5):
+        put("plain_p%d" % protocol, pickle.dumps(value, protocol=protocol))
+    torch = torch_or_none()
+    if torch is not None:
+        import torch.distributed.checkpoint as dcp
+        with tempfile.TemporaryDirectory() as d:
+            dcp.save({"w": torch.arange(6.0).reshape(2, 3), "step": 3}, checkpoint_id=d)
+            with open(os.path.join(d, ".metadata"), "rb") as f:
+                put("dcp_metadata", f.read())
+elif target == "zip":
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"x": 1}, protocol=2))
+        z.writestr("archive/data/0", b"\x00" * 64)
+    put("stored", buffer.getvalue())
+    torch = torch_or_none()
+    if torch is not None:
+        buffer = io.BytesIO()
+        torch.save({"w": torch.arange(4.0)}, buffer)
+        put("torch_save", buffer.getvalue())
+elif target == "model_config":
+    try:
+        from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+        configs = {
+            "llama": LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=1,
+                                 rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 64}),
+            "mistral": MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     sliding_window=16),
+            "qwen2": Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2),
+            "gpt2": GPT2Config(n_embd=64, n_layer=2, n_head=4),
+        }
+        for name, config in configs.items():
+            put(name + ".json", config.to_json_string().encode())
+    except ImportError:
+        put("llama.json", json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "vocab_size": 256}).encode())
+        put("gpt2.json", json.dumps({
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
+            "n_layer": 2, "n_head": 4, "vocab_size": 256}).encode())
