@@ -48,6 +48,18 @@ elif target == "zip":
         buffer = io.BytesIO()
         torch.save({"w": torch.arange(4.0)}, buffer)
         put("torch_save", buffer.getvalue())
+elif target == "safetensors":
+    torch = torch_or_none()
+    if torch is not None:
+        from safetensors.torch import save_file
+        save_file({"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.bfloat16),
+                   "c": torch.tensor([7]), "d": torch.zeros(2, 2, dtype=torch.float16)},
+                  os.path.join(out, "mixed"))
+        save_file({"w": torch.randn(3)}, os.path.join(out, "with_metadata"),
+                  metadata={"format": "pt"})
+    else:
+        header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+        put("plain", len(header).to_bytes(8, "little") + header + b"\0" * 8)
 elif target == "model_config":
     try:
         from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config

@@ -2,11 +2,12 @@
 # Builds one fuzzer with clang++ (libFuzzer + ASan + UBSan) and runs a short, bounded
 # session. Used by ctest (fuzz/CMakeLists.txt) and by hand for longer runs:
 #   fuzz/run_fuzz.sh <source dir> <work dir> <target> [libFuzzer flags, e.g. -max_total_time=600]
-# Targets (every reader of outside bytes that does not need LibTorch's libraries):
+# Targets (readers of outside bytes; the last two link LibTorch from the .venv):
 #   store_protocol  the TCP store's request parser
 #   pickle          the pickle reader (DCP .metadata)
 #   zip             the zip reader that checks torch.save archives
 #   model_config    config.json as from_pretrained reads it (links LibTorch's c10 only)
+#   safetensors     safetensors files: header validation and reads (links LibTorch's CPU library)
 # Seeds come from real files where a Python is at hand (the .venv's, or python3): pickles of
 # Python's own pickler, DCP metadata and torch.save archives written by PyTorch,
 # transformers' config.json of each family; else a few written here.
@@ -15,7 +16,7 @@
 set -euo pipefail
 src=${1:?source dir}
 work=${2:?work dir}
-target=${3:?target: store_protocol, pickle, zip or model_config}
+target=${3:?target: store_protocol, pickle, zip, model_config or safetensors}
 shift 3
 clangxx=${CLANGXX:-$(command -v clang++ || command -v clang++-14 || true)}
 if [[ -z "$clangxx" ]]; then
@@ -50,16 +51,23 @@ case "$target" in
       "$src/src/util/error.cpp" -o "$bin"
     max_len=65536
     ;;
-  model_config)
+  model_config | safetensors)
     torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
     if [[ -z "$torch_dir" ]]; then
-      echo "SKIPPED: no PyTorch at $python for c10's headers; run tools/setup.sh"
+      echo "SKIPPED: no PyTorch at $python for LibTorch's headers; run tools/setup.sh"
       exit 0
     fi
-    "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/model_config_fuzzer.cpp" \
-      "$src/src/models/config.cpp" "$src/src/util/error.cpp" \
-      -L"$torch_dir/lib" -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
-    max_len=8192
+    if [[ "$target" == model_config ]]; then
+      "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/model_config_fuzzer.cpp" \
+        "$src/src/models/config.cpp" "$src/src/util/error.cpp" \
+        -L"$torch_dir/lib" -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
+      max_len=8192
+    else
+      "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/safetensors_fuzzer.cpp" \
+        "$src/src/checkpoint/safetensors_file.cpp" "$src/src/util/error.cpp" \
+        -L"$torch_dir/lib" -ltorch_cpu -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
+      max_len=4096
+    fi
     ;;
   *)
     echo "unknown target '$target'" >&2

@@ -12,6 +12,7 @@
 #include <set>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 
 #include "tdist/error.h"
