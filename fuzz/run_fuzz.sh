@@ -30,10 +30,14 @@ mkdir -p "$corpus"
 bin="$work/${target}_fuzzer"
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
        -I"$src/src" -I"$src/include")
+# Per target: the sources beside the fuzzer, extra compiler flags, the LibTorch libraries it
+# links (from the .venv's PyTorch), the longest input.
+sources=("$src/src/util/error.cpp")
+extra=()
+torch_libs=()
 case "$target" in
   store_protocol)
-    "$clangxx" "${flags[@]}" "$src/fuzz/store_protocol_fuzzer.cpp" \
-      "$src/src/store/tcp_store_protocol.cpp" -o "$bin"
+    sources=("$src/src/store/tcp_store_protocol.cpp")
     printf '\x02\x0e\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00k\x01\x00\x00\x00\x00\x00\x00\x00v' \
       > "$corpus/seed_set"
     printf '\x08\x00\x00\x00\x00\x00\x00\x00\x00' > "$corpus/seed_num_keys"
@@ -41,39 +45,40 @@ case "$target" in
     max_len=4096
     ;;
   pickle)
-    "$clangxx" "${flags[@]}" "$src/fuzz/pickle_fuzzer.cpp" \
-      "$src/src/checkpoint/pickle_reader.cpp" "$src/src/util/error.cpp" -o "$bin"
+    sources+=("$src/src/checkpoint/pickle_reader.cpp")
     max_len=65536
     ;;
   zip)
-    "$clangxx" "${flags[@]}" -msse4.2 -mpclmul "$src/fuzz/zip_fuzzer.cpp" \
-      "$src/src/checkpoint/zip_check.cpp" "$src/src/checkpoint/crc32c.cpp" \
-      "$src/src/util/error.cpp" -o "$bin"
+    sources+=("$src/src/checkpoint/zip_check.cpp" "$src/src/checkpoint/crc32c.cpp")
+    extra=(-msse4.2 -mpclmul)
     max_len=65536
     ;;
-  model_config | safetensors)
-    torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
-    if [[ -z "$torch_dir" ]]; then
-      echo "SKIPPED: no PyTorch at $python for LibTorch's headers; run tools/setup.sh"
-      exit 0
-    fi
-    if [[ "$target" == model_config ]]; then
-      "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/model_config_fuzzer.cpp" \
-        "$src/src/models/config.cpp" "$src/src/util/error.cpp" \
-        -L"$torch_dir/lib" -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
-      max_len=8192
-    else
-      "$clangxx" "${flags[@]}" -I"$torch_dir/include" "$src/fuzz/safetensors_fuzzer.cpp" \
-        "$src/src/checkpoint/safetensors_file.cpp" "$src/src/util/error.cpp" \
-        -L"$torch_dir/lib" -ltorch_cpu -lc10 -Wl,-rpath,"$torch_dir/lib" -o "$bin"
-      max_len=4096
-    fi
+  model_config)
+    sources+=("$src/src/models/config.cpp")
+    torch_libs=(-lc10)
+    max_len=8192
+    ;;
+  safetensors)
+    sources+=("$src/src/checkpoint/safetensors_file.cpp")
+    torch_libs=(-ltorch_cpu -lc10)
+    max_len=4096
     ;;
   *)
     echo "unknown target '$target'" >&2
     exit 2
     ;;
 esac
+if [[ ${#torch_libs[@]} -gt 0 ]]; then
+  torch_dir=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+  if [[ -z "$torch_dir" ]]; then
+    echo "SKIPPED: no PyTorch at $python for LibTorch's headers; run tools/setup.sh"
+    exit 0
+  fi
+  extra+=(-I"$torch_dir/include")
+  torch_libs=(-L"$torch_dir/lib" "${torch_libs[@]}" -Wl,-rpath,"$torch_dir/lib")
+fi
+"$clangxx" "${flags[@]}" "${extra[@]}" "$src/fuzz/${target}_fuzzer.cpp" "${sources[@]}" \
+  "${torch_libs[@]}" -o "$bin"
 if [[ -n "$python" ]]; then
   "$python" "$src/fuzz/make_seeds.py" "$target" "$corpus"
 fi

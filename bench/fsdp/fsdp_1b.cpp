@@ -6,9 +6,8 @@
 // a few unsharded blocks; DDP needs 16*psi per rank, so it runs out of memory.
 //
 //   bench_fsdp_1b [--cap-gib 11] [--modes fsdp,ddp] [--deadline-s 1200]
-//   modes: fsdp (build-then-shard: built whole, then layer by layer), fsdp-meta (deferred init:
-//   built on the
-//          meta device, then materialize), ddp
+//   modes: fsdp (build-then-shard: built whole, then layer by layer), fsdp-meta (deferred
+//          init: built on the meta device, then materialize), ddp
 //   env: BENCH_WIDTH (1536) BENCH_DEPTH (36) BENCH_SEQ (32) BENCH_BATCH (1, per rank)
 //        BENCH_VOCAB (1024) BENCH_STEPS (3) BENCH_PREFETCH (1; 0: no prefetch, 1 all-gather
 //        in flight); TDIST_FSDP_SYMMETRIC defaults to 0 here (see the rank's set-up)

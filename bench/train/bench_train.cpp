@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     o.model.validate();
-    if (!gpt::launched_as_rank() && o.nproc > 1) {
+    if (!gpt::adopt_launch_environment() && o.nproc > 1) {
       return gpt::spawn_local_ranks(o.nproc, std::vector<std::string>(argv, argv + argc));
     }
     return run_rank(o);

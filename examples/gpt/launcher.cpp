@@ -50,15 +50,14 @@ std::string self_path() {
 
 }  // namespace
 
-bool launched_as_rank() {
+bool adopt_launch_environment() {
   const char* rank = std::getenv("RANK");
   if (rank != nullptr && *rank != '\0') return true;
 #ifdef TDIST_GPT_WITH_COMM
   // Note [Launch environment precedence] (tdist/comm/launch_environment.h).
   const tdist::LaunchEnvironment launch = tdist::LaunchEnvironment::detect();
-  if (!launch.found()) return false;
   launch.export_torchrun_variables();
-  return true;
+  return launch.found();
 #else
   return false;
 #endif

@@ -10,10 +10,10 @@
 
 namespace gpt {
 
-/// True when a launcher started this process as one rank of a job: RANK is set (tdistrun,
-/// torchrun, our spawner), or srun's, mpirun's or a Kubeflow PyTorchJob's variables say so;
-/// then the torchrun variables they imply are set too (tdist::LaunchEnvironment).
-bool launched_as_rank();
+/// Whether a launcher started this process as one rank of a job: RANK is set (tdistrun,
+/// torchrun, our spawner), or srun's, mpirun's or a Kubeflow PyTorchJob's variables say so,
+/// and then the torchrun variables they imply are set here (tdist::LaunchEnvironment).
+bool adopt_launch_environment();
 
 /// Runs `argv` (argv[0] ignored: this executable is re-run) as nproc ranks and waits.
 /// Returns 0 when every rank succeeded, else the first failing rank's exit code (128+signal

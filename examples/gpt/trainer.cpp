@@ -576,7 +576,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
 }
 
 int run_train_command(const TrainConfig& config, const std::vector<std::string>& argv) {
-  if (!launched_as_rank() && config.nproc > 1) {
+  if (!adopt_launch_environment() && config.nproc > 1) {
     return spawn_local_ranks(config.nproc, argv);
   }
   const char* rank_env = std::getenv("RANK");

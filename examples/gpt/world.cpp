@@ -43,7 +43,7 @@ tdist::InitProcessGroupOptions group_options(const World& world) {
 }  // namespace
 
 World init_world(int timeout_s, const std::string& device) {
-  launched_as_rank();  // srun, mpirun, Kubeflow: their variables as torchrun's
+  adopt_launch_environment();
   World world;
   world.world_size = env_int("WORLD_SIZE", 1);
   world.rank = env_int("RANK", 0);

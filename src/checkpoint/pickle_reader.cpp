@@ -138,21 +138,9 @@ class Unpickler {
   // loop. Checkpoint metadata never holds one, so inserting a value that reaches its new
   // container is refused.
   void refuse_cycle(const PyValue* container, const std::vector<PyRef>& values) {
-    std::unordered_set<const PyValue*> seen;
-    std::vector<const PyValue*> pending;
-    for (const auto& v : values) pending.push_back(v.get());
-    while (!pending.empty()) {
-      const PyValue* v = pending.back();
-      pending.pop_back();
-      if (v == nullptr || !seen.insert(v).second) continue;
-      if (v == container) fail("a container holds itself, which checkpoint data never does");
-      for (const auto& item : v->items) pending.push_back(item.get());
-      for (const auto& [key, value] : v->entries) {
-        pending.push_back(key.get());
-        pending.push_back(value.get());
-      }
-      pending.push_back(v->state.get());
-    }
+    for_each_reachable(values, [&](const PyValue& v) {
+      if (&v == container) fail("a container holds itself, which checkpoint data never does");
+    });
   }
   void set_items(PyRef& dict, const std::vector<PyRef>& kv) {
     if (!dict->is(Kind::kDict) || kv.size() % 2 != 0) fail("SETITEMS outside a dict");
@@ -409,6 +397,25 @@ PyRef PyValue::get(const std::string& key) const {
     if (k->is(Kind::kStr) && k->text == key) return v;
   }
   return nullptr;
+}
+
+void for_each_reachable(const std::vector<PyRef>& roots,
+                        const std::function<void(const PyValue&)>& visit) {
+  std::unordered_set<const PyValue*> seen;
+  std::vector<const PyValue*> pending;
+  for (const auto& root : roots) pending.push_back(root.get());
+  while (!pending.empty()) {
+    const PyValue* v = pending.back();
+    pending.pop_back();
+    if (v == nullptr || !seen.insert(v).second) continue;
+    visit(*v);
+    for (const auto& item : v->items) pending.push_back(item.get());
+    for (const auto& [key, value] : v->entries) {
+      pending.push_back(key.get());
+      pending.push_back(value.get());
+    }
+    pending.push_back(v->state.get());
+  }
 }
 
 PyRef unpickle(const std::string& bytes, const GlobalFilter& allowed, const std::string& where) {

@@ -49,6 +49,11 @@ struct PyValue {
   PyRef get(const std::string& key) const;
 };
 
+/// Calls `visit` once on every value reachable from `roots`, each shared value once
+/// (iteratively: deep nesting does not exhaust the stack).
+void for_each_reachable(const std::vector<PyRef>& roots,
+                        const std::function<void(const PyValue&)>& visit);
+
 /// Decides which "module.name" globals a pickle may name.
 using GlobalFilter = std::function<bool(const std::string& qualified_name)>;
 

@@ -88,12 +88,14 @@ std::optional<Claim> torchrun_claim(const Env& env) {
   return claim_of(env, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
 }
 
-[[noreturn]] void conflict(const Claim& a, const Claim& b, const std::string& what) {
+enum class Disagreement { kRank, kWorldSize };
+
+[[noreturn]] void conflict(const Claim& a, const Claim& b, Disagreement on) {
+  const bool rank = on == Disagreement::kRank;
   TDIST_THROW(InvalidArgument,
-              "launch environment: " + a.launcher + " and " + b.launcher + " disagree on " + what +
-                  " (" +
-                  (what == "the rank" ? a.rank_var + " but " + b.rank_var
-                                      : a.world_var + " but " + b.world_var) +
+              "launch environment: " + a.launcher + " and " + b.launcher + " disagree on " +
+                  (rank ? "the rank (" + a.rank_var + " but " + b.rank_var
+                        : "the world size (" + a.world_var + " but " + b.world_var) +
                   "); this process's environment mixes two launches: unset the stale "
                   "variables, or start the job with one launcher");
 }
@@ -114,9 +116,9 @@ std::optional<Claim> mpi_claim(const Env& env) {
   }
   if (found.empty()) return std::nullopt;
   for (size_t i = 1; i < found.size(); ++i) {
-    if (found[i].rank != found[0].rank) conflict(found[0], found[i], "the rank");
+    if (found[i].rank != found[0].rank) conflict(found[0], found[i], Disagreement::kRank);
     if (found[i].world > 0 && found[0].world > 0 && found[i].world != found[0].world) {
-      conflict(found[0], found[i], "the world size");
+      conflict(found[0], found[i], Disagreement::kWorldSize);
     }
   }
   for (const Claim& c : found) {
@@ -194,14 +196,15 @@ int derived_port(uint64_t id) {
   return 20000 + static_cast<int>(id % 20000);
 }
 
-void derive_master_addr(const Env& env, const Claim& chosen, const std::optional<Claim>& slurm,
-                        const std::optional<Claim>& kubeflow, LaunchEnvironment& out) {
+// `slurm_job`: SLURM's variables describe this job (srun started it, perhaps through an MPI
+// plugin), so its node list and job id say where rank 0 is.
+void derive_master_addr(const Env& env, const Claim& chosen, bool slurm_job,
+                        LaunchEnvironment& out) {
   if (env.has("MASTER_ADDR")) {
     out.master_addr = *env.get("MASTER_ADDR");
     out.provenance.push_back("address " + env.text("MASTER_ADDR"));
     return;
   }
-  const bool slurm_job = slurm && (chosen.launcher == "slurm" || chosen.world == slurm->world);
   if (slurm_job) {
     for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
       if (!env.has(name)) continue;
@@ -210,7 +213,7 @@ void derive_master_addr(const Env& env, const Claim& chosen, const std::optional
       return;
     }
   }
-  if (kubeflow && chosen.launcher == "kubeflow" && env.has("PET_MASTER_ADDR")) {
+  if (chosen.launcher == "kubeflow" && env.has("PET_MASTER_ADDR")) {
     out.master_addr = *env.get("PET_MASTER_ADDR");
     out.provenance.push_back("address " + env.text("PET_MASTER_ADDR"));
     return;
@@ -221,7 +224,7 @@ void derive_master_addr(const Env& env, const Claim& chosen, const std::optional
   }
 }
 
-void derive_master_port(const Env& env, const Claim& chosen, const std::optional<Claim>& slurm,
+void derive_master_port(const Env& env, const Claim& chosen, bool slurm_job,
                         LaunchEnvironment& out) {
   if (env.has("MASTER_PORT")) {
     out.master_port = *env.integer("MASTER_PORT", 1);
@@ -233,7 +236,6 @@ void derive_master_port(const Env& env, const Claim& chosen, const std::optional
     out.provenance.push_back("port " + env.text("PET_MASTER_PORT"));
     return;
   }
-  const bool slurm_job = slurm && (chosen.launcher == "slurm" || chosen.world == slurm->world);
   if (slurm_job && env.has("SLURM_JOB_ID")) {
     out.master_port = derived_port(static_cast<uint64_t>(*env.integer("SLURM_JOB_ID", 0)));
     out.provenance.push_back("port " + std::to_string(out.master_port) + " from " +
@@ -267,7 +269,7 @@ LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(cons
     chosen = mpi;
     if (slurm && (chosen->world < 0 || chosen->world == slurm->world)) {
       // srun started the MPI processes: one job, so one numbering.
-      if (chosen->rank != slurm->rank) conflict(*chosen, *slurm, "the rank");
+      if (chosen->rank != slurm->rank) conflict(*chosen, *slurm, Disagreement::kRank);
       if (chosen->world < 0) {
         chosen->world = slurm->world;
         chosen->world_var = slurm->world_var;
@@ -305,8 +307,9 @@ LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(cons
   out.local_rank = chosen->local_rank;
   out.local_world_size = chosen->local_world;
   out.provenance = chosen->provenance;
-  derive_master_addr(env, *chosen, slurm, kubeflow, out);
-  derive_master_port(env, *chosen, slurm, out);
+  const bool slurm_job = slurm && (chosen->launcher == "slurm" || chosen->world == slurm->world);
+  derive_master_addr(env, *chosen, slurm_job, out);
+  derive_master_port(env, *chosen, slurm_job, out);
   return out;
 }
 

@@ -78,20 +78,31 @@ void run_ranks_as_threads(int world_size, const std::function<void(int, int, Sto
   if (!first_error.empty()) throw std::runtime_error(first_error);
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+// Binds a TCP socket to `port` on 127.0.0.1 (0: any free port) and returns the port bound,
+// or -1 when it is taken; the socket is closed again.
+int bind_loopback(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    throw std::runtime_error("free_port: bind failed");
+  addr.sin_port = htons(port);
+  int bound = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    bound = ntohs(addr.sin_port);
   }
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
   ::close(fd);
+  return bound;
+}
+
+}  // namespace
+
+int free_port() {
+  const int port = bind_loopback(0);
+  if (port < 0) throw std::runtime_error("free_port: bind failed");
   return port;
 }
 
@@ -99,14 +110,7 @@ int slurm_job_id_with_free_port() {
   std::mt19937 gen(std::random_device{}());
   for (int tries = 0; tries < 100; ++tries) {
     const int id = static_cast<int>(gen() % 1000000);
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(20000 + id % 20000));
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    if (free) return id;
+    if (bind_loopback(static_cast<uint16_t>(20000 + id % 20000)) >= 0) return id;
   }
   throw std::runtime_error("slurm_job_id_with_free_port: no free port in 100 tries");
 }

@@ -4,7 +4,7 @@
 // world size, the rank on this node, and where rank 0's store listens.
 // init_process_group() with nothing given reads it, so a program started by srun, a
 // Kubeflow PyTorchJob, mpirun / mpiexec or tdistrun needs no flags (docs/launcher.md,
-// "Launchers").
+// "Other launchers").
 //
 // Note [Launch environment precedence]
 // Sources, first match wins:
@@ -12,10 +12,10 @@
 //      PyTorchJob's containers get these too.
 //   2. An MPI launcher: OpenMPI (OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE),
 //      MPICH's Hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS), PMIx launchers
-//      (PMIX_RANK with OMPI_COMM_WORLD_SIZE or PMI_SIZE).
+//      (PMIX_RANK, the size from SLURM or WORLD_SIZE).
 //   3. SLURM's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_TASKS_PER_NODE at
-//      SLURM_NODEID; rank 0's host is the first of SLURM_JOB_NODELIST (or SLURM_NODELIST),
-//      the port 20000 + SLURM_JOB_ID % 20000.
+//      SLURM_NODEID; rank 0's host is the first of SLURM_STEP_NODELIST (else
+//      SLURM_JOB_NODELIST, else SLURM_NODELIST), the port 20000 + SLURM_JOB_ID % 20000.
 //   4. Kubeflow's elastic variables for one process per pod: PET_NODE_RANK, PET_NNODES,
 //      PET_MASTER_ADDR, PET_MASTER_PORT.
 // MASTER_ADDR and MASTER_PORT, when set, override what a source derives. A source that
