@@ -12,7 +12,9 @@
 namespace tdist {
 namespace {
 
-constexpr int kMaxWorld = 1 << 24;
+constexpr int64_t kMaxWorld = 1 << 24;
+constexpr int64_t kMaxPort = 65535;
+constexpr int64_t kMaxJobId = INT64_MAX;
 
 class Env {
  public:
@@ -26,17 +28,28 @@ class Env {
   bool has(const char* name) const { return get(name).has_value(); }
   std::string text(const char* name) const { return std::string(name) + "=" + *get(name); }
 
-  std::optional<int> integer(const char* name, int min) const {
+  /// A whole number in [min, max]; each variable has its own range (a rank, a port, a job id).
+  std::optional<int64_t> number(const char* name, int64_t min, int64_t max) const {
     const auto v = get(name);
     if (!v) return std::nullopt;
-    int value = 0;
+    int64_t value = 0;
     const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), value);
-    if (ec != std::errc() || end != v->data() + v->size() || value < min || value > kMaxWorld) {
-      TDIST_THROW(InvalidArgument,
-                  std::string(name) + "='" + *v + "': expected a whole number of at least " +
-                      std::to_string(min) + " (launchers set it; fix or unset the variable)");
+    if (ec != std::errc() || end != v->data() + v->size() || value < min || value > max) {
+      TDIST_THROW(InvalidArgument, std::string(name) + "='" + *v +
+                                       "': expected a whole number from " + std::to_string(min) +
+                                       " to " + std::to_string(max) +
+                                       " (launchers set it; fix or unset the variable)");
     }
     return value;
+  }
+  /// A rank, world or node count: at least `min`, at most 2^24.
+  std::optional<int> count(const char* name, int min) const {
+    const auto v = number(name, min, kMaxWorld);
+    return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+  }
+  std::optional<int> port(const char* name) const {
+    const auto v = number(name, 1, kMaxPort);
+    return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
   }
 
  private:
@@ -60,20 +73,20 @@ Claim claim_of(const Env& env, const char* launcher, const char* rank_name, cons
                const char* local_rank_name, const char* local_world_name) {
   Claim c;
   c.launcher = launcher;
-  c.rank = *env.integer(rank_name, 0);
+  c.rank = *env.count(rank_name, 0);
   c.rank_var = env.text(rank_name);
   c.provenance.push_back("rank " + c.rank_var);
   if (world_name != nullptr && env.has(world_name)) {
-    c.world = *env.integer(world_name, 1);
+    c.world = *env.count(world_name, 1);
     c.world_var = env.text(world_name);
     c.provenance.push_back("world size " + c.world_var);
   }
   if (local_rank_name != nullptr && env.has(local_rank_name)) {
-    c.local_rank = *env.integer(local_rank_name, 0);
+    c.local_rank = *env.count(local_rank_name, 0);
     c.provenance.push_back("local rank " + env.text(local_rank_name));
   }
   if (local_world_name != nullptr && env.has(local_world_name)) {
-    c.local_world = *env.integer(local_world_name, 1);
+    c.local_world = *env.count(local_world_name, 1);
     c.provenance.push_back("local world size " + env.text(local_world_name));
   }
   if (c.world > 0 && c.rank >= c.world) {
@@ -130,7 +143,7 @@ std::optional<Claim> mpi_claim(const Env& env) {
 // The entry of SLURM_TASKS_PER_NODE for this node, if SLURM says which node this is.
 int slurm_local_world(const Env& env) {
   const auto counts = env.get("SLURM_TASKS_PER_NODE");
-  const auto node = env.integer("SLURM_NODEID", 0);
+  const auto node = env.count("SLURM_NODEID", 0);
   if (!counts || !node) return -1;
   const std::vector<int> per_node = expand_slurm_tasks_per_node(*counts);
   if (*node >= static_cast<int>(per_node.size())) {
@@ -161,7 +174,7 @@ std::optional<Claim> slurm_claim(const Env& env) {
 
 std::optional<Claim> kubeflow_claim(const Env& env) {
   if (!env.has("PET_NODE_RANK")) return std::nullopt;
-  if (const auto per_pod = env.integer("PET_NPROC_PER_NODE", 1); per_pod && *per_pod > 1) {
+  if (const auto per_pod = env.count("PET_NPROC_PER_NODE", 1); per_pod && *per_pod > 1) {
     TDIST_THROW(InvalidArgument,
                 env.text("PET_NPROC_PER_NODE") +
                     ": this process was started alone in a pod that asks for several; start "
@@ -227,17 +240,18 @@ void derive_master_addr(const Env& env, const Claim& chosen, bool slurm_job,
 void derive_master_port(const Env& env, const Claim& chosen, bool slurm_job,
                         LaunchEnvironment& out) {
   if (env.has("MASTER_PORT")) {
-    out.master_port = *env.integer("MASTER_PORT", 1);
+    out.master_port = *env.port("MASTER_PORT");
     out.provenance.push_back("port " + env.text("MASTER_PORT"));
     return;
   }
   if (chosen.launcher == "kubeflow" && env.has("PET_MASTER_PORT")) {
-    out.master_port = *env.integer("PET_MASTER_PORT", 1);
+    out.master_port = *env.port("PET_MASTER_PORT");
     out.provenance.push_back("port " + env.text("PET_MASTER_PORT"));
     return;
   }
   if (slurm_job && env.has("SLURM_JOB_ID")) {
-    out.master_port = derived_port(static_cast<uint64_t>(*env.integer("SLURM_JOB_ID", 0)));
+    out.master_port =
+        derived_port(static_cast<uint64_t>(*env.number("SLURM_JOB_ID", 0, kMaxJobId)));
     out.provenance.push_back("port " + std::to_string(out.master_port) + " from " +
                              env.text("SLURM_JOB_ID"));
     return;
@@ -285,7 +299,7 @@ LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(cons
   }
   if (!chosen) return out;
   if (chosen->launcher != "torchrun" && env.has("WORLD_SIZE")) {
-    const int world = *env.integer("WORLD_SIZE", 1);
+    const int world = *env.count("WORLD_SIZE", 1);
     if (chosen->world < 0) {
       chosen->world = world;
       chosen->provenance.push_back("world size " + env.text("WORLD_SIZE"));

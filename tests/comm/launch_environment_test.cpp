@@ -111,6 +111,26 @@ TEST(LaunchEnvironment, MalformedNumberNamesTheVariable) {
   EXPECT_TRUE(mentions(error, "SLURM_PROCID='two'")) << error;
 }
 
+// A job id is not a count: SLURM's ids pass 2^24 on long-lived clusters.
+TEST(LaunchEnvironment, LargeSlurmJobIdDerivesAPort) {
+  Vars vars = srun_task_2();
+  vars["SLURM_JOB_ID"] = "123456789";
+  EXPECT_EQ(detect(vars).master_port, 20000 + 123456789 % 20000);
+}
+
+TEST(LaunchEnvironment, PortOutsideItsRangeIsRefused) {
+  Vars vars = srun_task_2();
+  for (const char* bad : {"0", "65536", "-1"}) {
+    vars["MASTER_PORT"] = bad;
+    const std::string error = error_of(vars);
+    EXPECT_TRUE(mentions(error, std::string("MASTER_PORT='") + bad + "'") &&
+                mentions(error, "1 to 65535"))
+        << error;
+  }
+  vars["MASTER_PORT"] = "65535";
+  EXPECT_EQ(detect(vars).master_port, 65535);
+}
+
 TEST(LaunchEnvironment, OpenMpiOnOneHost) {
   const Vars vars = {{"OMPI_COMM_WORLD_RANK", "1"},
                      {"OMPI_COMM_WORLD_SIZE", "3"},
