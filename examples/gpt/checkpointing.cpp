@@ -50,8 +50,39 @@ std::vector<std::pair<int64_t, std::string>> complete_steps(const std::string& r
 
 }  // namespace
 
-Checkpointer::Checkpointer(std::string run_dir, World world)
-    : root_((fs::path(run_dir) / "checkpoints").string()), world_(world) {}
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+struct Checkpointer::Background {
+  explicit Background(const std::string& root)
+      : manager(root, tdist::checkpoint::CheckpointManagerOptions().save_options(
+                          tdist::checkpoint::SaveOptions().overwrite(true))) {}
+  tdist::checkpoint::CheckpointManager manager;
+};
+#else
+struct Checkpointer::Background {};
+#endif
+
+Checkpointer::Checkpointer(std::string run_dir, World world, bool async)
+    : root_((fs::path(run_dir) / "checkpoints").string()), world_(world) {
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+  if (async) background_ = std::make_unique<Background>(root_);
+#else
+  (void)async;
+#endif
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt: the last background checkpoint failed: %s\n", e.what());
+  }
+}
+
+void Checkpointer::wait() {
+#ifdef TDIST_GPT_WITH_CHECKPOINT
+  if (background_) background_->manager.wait();
+#endif
+}
 
 std::string Checkpointer::backend_name() {
 #ifdef TDIST_GPT_WITH_CHECKPOINT
@@ -124,18 +155,23 @@ TrainingState training_state(Parallel& parallel, torch::optim::AdamW& optimizer)
 
 void Checkpointer::save(int64_t step, int64_t data_position, Parallel& parallel,
                         torch::optim::AdamW& optimizer) {
-  tdist::checkpoint::CheckpointManager manager(
-      root_, tdist::checkpoint::CheckpointManagerOptions().save_options(
-                 tdist::checkpoint::SaveOptions().overwrite(true)));
   tdist::checkpoint::ExtraState extra;
   extra.step = step;
   extra.data_position = data_position;
   torch::NoGradGuard no_grad;
+  if (background_) {
+    background_->manager.async_save(step, training_state(parallel, optimizer).tensors, extra);
+    return;
+  }
+  tdist::checkpoint::CheckpointManager manager(
+      root_, tdist::checkpoint::CheckpointManagerOptions().save_options(
+                 tdist::checkpoint::SaveOptions().overwrite(true)));
   manager.save(step, training_state(parallel, optimizer).tensors, extra);
 }
 
 std::optional<Checkpointer::Resumed> Checkpointer::load_latest(Parallel& parallel,
                                                                torch::optim::AdamW& optimizer) {
+  wait();
   tdist::checkpoint::CheckpointManager manager(root_);
   torch::NoGradGuard no_grad;
   auto state = training_state(parallel, optimizer);

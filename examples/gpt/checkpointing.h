@@ -7,6 +7,7 @@
 // (replicated) model and optimizer; FSDP runs then cannot checkpoint.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -19,12 +20,20 @@ namespace gpt {
 
 class Checkpointer {
  public:
-  Checkpointer(std::string run_dir, World world);
+  /// `async`: save() returns once the state is copied to host memory and the files are
+  /// written on a background thread (with tdist::checkpoint; the fallback always saves
+  /// synchronously).
+  Checkpointer(std::string run_dir, World world, bool async = false);
+  /// Waits for a background save in flight (its failure is printed, not thrown).
+  ~Checkpointer();
 
   /// Collective: every rank calls it after optimizer step `step` (steps done), the data
-  /// loader then at `data_position` (Note [The loader's position]).
+  /// loader then at `data_position` (Note [The loader's position]). An asynchronous save
+  /// first waits for the previous one and throws its error.
   void save(int64_t step, int64_t data_position, Parallel& parallel,
             torch::optim::AdamW& optimizer);
+  /// Waits for the background save in flight, if any; throws its error.
+  void wait();
   struct Resumed {
     int64_t step = 0;
     int64_t data_position = 0;
@@ -38,8 +47,11 @@ class Checkpointer {
   static std::string backend_name();
 
  private:
+  struct Background;  // the manager of asynchronous saves, kept between saves
+
   std::string root_;
   World world_;
+  std::unique_ptr<Background> background_;
 };
 
 /// <run_dir>/config.json: the run's TrainConfig as JSON (written by rank 0 at start).

@@ -213,6 +213,10 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
       ->group(outs);
   app.add_flag("--resume", c.resume, "Continue from the newest checkpoint in the run dir")
       ->group(outs);
+  app.add_flag("--async-checkpoint", c.async_checkpoint,
+               "Write checkpoints on a background thread while training goes on (the state is "
+               "copied to host memory first)")
+      ->group(outs);
   app.add_option("--trace", c.trace, "Write trace_rank<r>.json (true/false)")
       ->capture_default_str()
       ->group(outs);

@@ -119,6 +119,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"name", c.name},
       {"run_dir", c.resolved_run_dir()},
       {"checkpoint_interval", c.checkpoint_interval},
+      {"async_checkpoint", c.async_checkpoint},
   };
 }
 

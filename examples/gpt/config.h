@@ -80,6 +80,7 @@ struct TrainConfig {
   std::string run_dir;                ///< empty: runs/<name>
   int64_t checkpoint_interval = 150;  ///< checkpoint every N steps (and at the end); 0: never
   bool resume = false;                ///< continue from the newest checkpoint in the run dir
+  bool async_checkpoint = false;      ///< write checkpoints while training goes on
   bool trace = true;                  ///< write trace_rank<r>.json
   bool quiet = false;                 ///< no progress output
 

@@ -335,7 +335,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   // bf16 without FSDP's policy: autocast around forward.
   const bool autocast_bf16 = c.mixed_precision == "bf16" && !fsdp;
   auto optimizer = make_optimizer(*parallel, c);
-  Checkpointer checkpointer(run_dir, world);
+  Checkpointer checkpointer(run_dir, world, c.async_checkpoint);
 
   if (!c.resume && main) {
     // A fresh run under an existing name replaces the old run's checkpoints, so a later
@@ -506,6 +506,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
       checkpointer.save(done, data_position, *parallel, *optimizer);
     }
   }
+  checkpointer.wait();  // the last checkpoint is on disk before the run's outputs
   if (show) progress.finish();
   result.seconds = seconds_since(start);
   result.tokens_per_s = result.seconds > 0

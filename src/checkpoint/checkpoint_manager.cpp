@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "checkpoint/agreement.h"
+#include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 
 namespace tdist::checkpoint {
@@ -13,6 +14,7 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kStepPrefix = "step_";
+constexpr const char* kTrashPrefix = ".trash-";
 
 /// "step_00000120" -> 120; -1 if the name is not a step directory.
 int64_t parse_step(const std::string& name) {
@@ -50,12 +52,31 @@ std::string CheckpointManager::path_for(int64_t step) const {
 std::string CheckpointManager::save(int64_t step, const ShardedStateDict& state,
                                     const ExtraState& extra) {
   TDIST_CHECK_ARG(step >= 0, "CheckpointManager::save: step must be >= 0");
+  wait();
   SaveOptions options = options_.save_options();
   options.coordinator(coordinator());
   const std::string dir = path_for(step);
   checkpoint::save(state, extra, dir, options);
   if (coordinator()->rank() == 0) apply_retention();
   return dir;
+}
+
+SaveFuture CheckpointManager::async_save(int64_t step, const ShardedStateDict& state,
+                                         const ExtraState& extra) {
+  TDIST_CHECK_ARG(step >= 0, "CheckpointManager::async_save: step must be >= 0");
+  if (!async_) async_ = std::make_unique<AsyncCheckpointer>(options_.coordinator());
+  const bool rank0 = options_.coordinator() ? options_.coordinator()->rank() == 0
+                                            : !tdist::is_initialized() || tdist::get_rank() == 0;
+  auto retention = [this, rank0] {
+    if (rank0) apply_retention();
+  };
+  SaveOptions options = options_.save_options();
+  options.coordinator(nullptr);  // the checkpointer's own (Note [Async save's agreement])
+  return async_->save(state, extra, path_for(step), options, retention);
+}
+
+void CheckpointManager::wait() {
+  if (async_) async_->wait();
 }
 
 std::vector<CheckpointEntry> CheckpointManager::list() const {
@@ -94,6 +115,13 @@ void CheckpointManager::apply_retention() {
   const int64_t newest = complete.back()->step;
   const size_t keep = static_cast<size_t>(options_.keep_last());
   std::vector<std::string> doomed;
+  // First a deletion a crash interrupted (already out of sight): its name may be needed.
+  std::error_code list_ec;
+  for (const auto& entry : fs::directory_iterator(root_, list_ec)) {
+    if (entry.path().filename().string().rfind(kTrashPrefix, 0) == 0) {
+      doomed.push_back(entry.path().string());
+    }
+  }
   for (size_t i = 0; i + keep < complete.size(); ++i) doomed.push_back(complete[i]->path);
   for (const auto& e : entries) {
     if (e.status != CheckpointStatus::kComplete && e.step < newest) doomed.push_back(e.path);
@@ -101,8 +129,9 @@ void CheckpointManager::apply_retention() {
   for (const auto& path : doomed) {
     std::error_code ec;
     const fs::path p(path);
-    const fs::path trash = p.parent_path() / (".trash-" + p.filename().string());
-    fs::rename(p, trash, ec);
+    const bool in_trash = p.filename().string().rfind(kTrashPrefix, 0) == 0;
+    const fs::path trash = in_trash ? p : p.parent_path() / (kTrashPrefix + p.filename().string());
+    if (!in_trash) fs::rename(p, trash, ec);
     fs::remove_all(ec ? p : trash, ec);
     if (ec) {
       std::cerr << "tdist checkpoint: warning: could not delete old checkpoint '" << path
@@ -120,6 +149,7 @@ std::optional<LoadResult> CheckpointManager::load_latest(ShardedStateDict& state
 
 std::optional<LoadResult> CheckpointManager::load_latest(const Loader& loader,
                                                          const LoadOptions& options) {
+  wait();
   auto coord = coordinator();
   // Rank 0 picks the candidates (newest first) so every rank walks the same list.
   detail::Report mine;

@@ -64,4 +64,13 @@ CoordinatorPtr default_coordinator() {
   return std::make_shared<LocalCoordinator>();
 }
 
+CoordinatorPtr default_background_coordinator() {
+  if (tdist::is_initialized() && tdist::get_world_size() > 1) {
+    const ProcessGroupPtr world = group_world();
+    return std::make_shared<StoreCoordinator>(world->store(), world->rank(), world->size(),
+                                              "background_checkpoint");
+  }
+  return std::make_shared<LocalCoordinator>();
+}
+
 }  // namespace tdist::checkpoint

@@ -22,6 +22,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata_codec.h"
 #include "checkpoint/paths.h"
+#include "checkpoint/save.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/error.h"
 
@@ -273,7 +274,8 @@ void remove_quietly(const std::string& path) {
 // directory the files are written into (its token in the payload).
 Report plan_report_of(const ShardedStateDict& state, const ExtraState& extra,
                       const detail::CheckpointPaths& paths, const SaveOptions& options, int rank,
-                      const FaultInjection& fault) {
+                      const FaultInjection& fault, const std::string& local_failure) {
+  if (!local_failure.empty()) return Report{false, local_failure};
   Report report;
   try {
     detail::maybe_inject(fault, rank, SavePhase::kPlan);
@@ -336,6 +338,12 @@ void commit_on_rank0(const CheckpointMetadata& metadata, const json& rank0_write
 
 void save(const ShardedStateDict& state, const ExtraState& extra, const std::string& dir,
           const SaveOptions& options) {
+  detail::save_or_report_failure(state, extra, dir, options, "");
+}
+
+void detail::save_or_report_failure(const ShardedStateDict& state, const ExtraState& extra,
+                                    const std::string& dir, const SaveOptions& options,
+                                    const std::string& local_failure) {
   CoordinatorPtr coordinator =
       options.coordinator() ? options.coordinator() : default_coordinator();
   const int rank = coordinator->rank();
@@ -347,7 +355,8 @@ void save(const ShardedStateDict& state, const ExtraState& extra, const std::str
   const std::string operation = "save of '" + paths.final_dir + "'";
 
   // ---- Phase 1: plan. Rank 0 prepares the hidden directory; everyone describes its state.
-  const Report plan_report = plan_report_of(state, extra, paths, options, rank, fault);
+  const Report plan_report =
+      plan_report_of(state, extra, paths, options, rank, fault, local_failure);
   std::string my_partial;  // rank 0: the directory it created, removed on any failure
   if (rank == 0 && plan_report.ok) {
     my_partial = detail::partial_dir(paths, plan_report.payload.at("token").get<std::string>());

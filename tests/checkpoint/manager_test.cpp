@@ -1,5 +1,6 @@
 // CheckpointManager: retention of the last K, resume from the newest valid checkpoint.
 
+#include <cstdio>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -43,6 +44,17 @@ TEST(CheckpointManager, KeepsTheLastK) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->extra.step, 40);
   expect_matches_full(state, reference_tensors(40), "latest");
+}
+
+// A crash between moving an old checkpoint out of sight and deleting it leaves a .trash-
+// directory; the next save's retention finishes the deletion.
+TEST(CheckpointManager, FinishesADeletionACrashInterrupted) {
+  const std::string root = tdist::testing::make_temp_dir("mgr");
+  fs::create_directories(root + "/.trash-step_00000001/sub");
+  std::fclose(std::fopen((root + "/.trash-step_00000001/sub/shard-00000.bin").c_str(), "w"));
+  CheckpointManager manager(root, fast(2));
+  manager.save(2, shard_all(reference_tensors(2), 0, 1, Layout::kWhole, false), at_step(2));
+  EXPECT_EQ(list_dir(root), std::vector<std::string>{"step_00000002"});
 }
 
 TEST(CheckpointManager, ResumesFromNewestValidSkippingBrokenOnes) {

@@ -10,6 +10,7 @@
 
 #include "checkpoint/helpers.h"
 #include "support/ranks.h"
+#include "tdist/checkpoint/async_save.h"
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -59,6 +60,25 @@ TDIST_SCENARIO(ckpt_load) {
   if (world > 1) tdist::destroy_process_group();
 }
 
+// An asynchronous save through the default coordinator (the world's store) while the main
+// thread runs training's collectives on the world group; the state changes right after
+// save() returns.
+TDIST_SCENARIO(ckpt_async_save) {
+  init_if_multi_rank();
+  const int rank = tdist::testing::env_int("RANK", 0);
+  const int world = tdist::testing::env_int("WORLD_SIZE", 1);
+  auto state = shard_all(reference_tensors(kSeed), rank, world, Layout::kUneven, false);
+  const SaveFuture future = async_save(state, {}, env("CKPT_DIR"), SaveOptions().fsync(false));
+  for (auto& [name, st] : state) st.local.zero_();
+  for (int i = 0; i < 20; ++i) {
+    const at::Tensor t = at::full({1024}, static_cast<double>(rank + 1));
+    tdist::all_reduce(t);
+    EXPECT_EQ(t[7].item<double>(), world * (world + 1) / 2.0);
+  }
+  future.wait();
+  if (world > 1) tdist::destroy_process_group();
+}
+
 tdist::testing::ProcessOptions with_env(std::map<std::string, std::string> e) {
   tdist::testing::ProcessOptions o;
   o.env = std::move(e);
@@ -75,6 +95,14 @@ TEST(Processes, SaveAtNLoadAtMThroughProcessGroups) {
     tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes(
         "ckpt_load", m, with_env({{"CKPT_DIR", dir}, {"CKPT_SAVED_WORLD", std::to_string(n)}})));
   }
+}
+
+TEST(Processes, AsyncSaveBesideTrainingsCollectives) {
+  const std::string dir = tdist::testing::make_temp_dir("ckpt") + "/ckpt";
+  tdist::testing::expect_all_ok(
+      tdist::testing::run_ranks_as_processes("ckpt_async_save", 3, with_env({{"CKPT_DIR", dir}})));
+  tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes(
+      "ckpt_load", 2, with_env({{"CKPT_DIR", dir}, {"CKPT_SAVED_WORLD", "3"}})));
 }
 
 // The process-group coordinator on a subgroup of ranks {0, 2}: binary messages of uneven

@@ -206,12 +206,13 @@ TEST(GptTrain, CudaTrainsLikeCpuAndItsCheckpointsResumeOnCpu) {
   EXPECT_TRUE(model->parameters().front().device().is_cpu());
 }
 
-TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
+void expect_resume_continues_with_the_same_loss(bool async) {
   const auto full_dir = tdist::testing::make_temp_dir("gpt-resume-full");
   auto full = tiny_config(full_dir);
   full.steps = 10;
   full.checkpoint_interval = 5;
   full.sample.max_new_tokens = 0;
+  full.async_checkpoint = async;
   std::ostringstream out;
   auto uninterrupted = gpt::train(full, gpt::World{}, out);
   ASSERT_EQ(uninterrupted.train_loss.size(), 10u);
@@ -239,7 +240,25 @@ TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
     EXPECT_NEAR(resumed.train_loss[i], uninterrupted.train_loss[5 + i], 1e-6) << "step " << 6 + i;
   }
   ASSERT_TRUE(gpt::newest_checkpoint(resumed_dir).has_value());
+}
 
+// With --async-checkpoint the step-5 checkpoint is written while steps 6-10 change the
+// model in place: it must hold the state of step 5 all the same.
+TEST(GptTrain, ResumeContinuesWithTheSameLoss) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async checkpoint" : "sync checkpoint");
+    expect_resume_continues_with_the_same_loss(async);
+  }
+}
+
+TEST(GptTrain, GenerateReadsTheNewestCheckpoint) {
+  const auto full_dir = tdist::testing::make_temp_dir("gpt-generate");
+  auto full = tiny_config(full_dir);
+  full.steps = 5;
+  full.checkpoint_interval = 5;
+  full.sample.max_new_tokens = 0;
+  std::ostringstream out;
+  gpt::train(full, gpt::World{}, out);
   // generate reads the newest checkpoint of a run, deterministically for a seed.
   auto model = gpt::load_model_from_run(full_dir);
   const auto tokenizer = run_tokenizer(full_dir);

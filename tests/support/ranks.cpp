@@ -258,6 +258,11 @@ std::vector<RankResult> run_ranks_as_processes(const std::string& scenario, int 
       if (!c.done && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.done = true;
         --remaining;
+        if (options.kill_all_when_one_is_killed && WIFSIGNALED(c.status)) {
+          for (auto& other : children) {
+            if (!other.done) ::kill(other.pid, SIGKILL);
+          }
+        }
       }
     }
     if (!timed_out && std::chrono::steady_clock::now() > deadline) {

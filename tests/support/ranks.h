@@ -57,6 +57,9 @@ struct ProcessOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(120);
   /// Do not set MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (for bad-launch tests).
   bool bare_env = false;
+  /// As soon as one rank is killed by a signal, SIGKILL the others (what a launcher's agent
+  /// does when a worker dies); their results then show SIGKILL, not timed_out.
+  bool kill_all_when_one_is_killed = false;
 };
 
 /// Spawns world_size processes running `scenario`, waits for all of them, returns their

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tdist/arg.h"
+#include "tdist/checkpoint/async_save.h"
 #include "tdist/checkpoint/checkpoint.h"
 
 namespace tdist::checkpoint {
@@ -37,7 +39,16 @@ class CheckpointManager {
   explicit CheckpointManager(std::string root, CheckpointManagerOptions options = {});
 
   /// Collective. Saves into <root>/step_<step>, then applies retention. Returns the path.
+  /// Waits for an asynchronous save in flight first.
   std::string save(int64_t step, const ShardedStateDict& state, const ExtraState& extra);
+
+  /// Collective. save() on a background thread (async_save.h): returns once `state` is
+  /// copied to host memory; retention runs after the commit. Background saves agree through
+  /// the options' coordinator if one is set (it must not be the default process group's,
+  /// Note [Async save's agreement]), else through the default group's store.
+  SaveFuture async_save(int64_t step, const ShardedStateDict& state, const ExtraState& extra);
+  /// Waits for the asynchronous save in flight, if any; throws its error (once).
+  void wait();
 
   /// Collective. Loads the newest checkpoint that loads on every rank, skipping incomplete or
   /// corrupt ones with a warning on stderr. nullopt when none is valid (a fresh start).
@@ -63,6 +74,7 @@ class CheckpointManager {
   std::string root_;
   CheckpointManagerOptions options_;
   CoordinatorPtr coordinator_;
+  std::unique_ptr<AsyncCheckpointer> async_;
 };
 
 }  // namespace tdist::checkpoint

@@ -61,6 +61,7 @@ class ProcessGroupCoordinator : public Coordinator {
   int rank() const override;
   int world_size() const override;
   std::vector<std::string> all_gather(const std::string& message) override;
+  const ProcessGroupPtr& group() const { return group_; }
 
  private:
   ProcessGroupPtr group_;
@@ -69,5 +70,10 @@ class ProcessGroupCoordinator : public Coordinator {
 /// The coordinator save/load use when none is given: the default process group when
 /// tdist::is_initialized(), else a LocalCoordinator (single process).
 CoordinatorPtr default_coordinator();
+
+/// The coordinator a background save uses when none is given (Note [Async save's agreement]
+/// in async_save.h): a StoreCoordinator over the default group's store when
+/// tdist::is_initialized(), else a LocalCoordinator.
+CoordinatorPtr default_background_coordinator();
 
 }  // namespace tdist::checkpoint

@@ -1,0 +1,185 @@
+// bench_async_save: how long an asynchronous save stops training (the time save() takes to
+// stage the state into host memory and return) beside a synchronous save of the same
+// sharded state, ranks as threads agreeing through one HashStore. The first async save
+// allocates its staging memory; later ones copy into the same buffers ("steady"). Every
+// state is changed right after save() returns, and every async checkpoint is loaded back
+// and compared bitwise with the state as it was (#wrong).
+//   bench_async_save [--mib 256] [--tensors 16] [--world 2] [--rounds 5] [--fsync 1]
+//                    [--dir <parent of the checkpoints>]
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "tdist/checkpoint/async_save.h"
+#include "tdist/store/hash_store.h"
+
+namespace ckpt = tdist::checkpoint;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  int64_t mib = 256;
+  int tensors = 16;
+  int world = 2;
+  int rounds = 5;
+  bool fsync = true;
+  std::string dir = fs::temp_directory_path().string();
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--mib") {
+      a.mib = std::stoll(v);
+    } else if (k == "--tensors") {
+      a.tensors = std::stoi(v);
+    } else if (k == "--world") {
+      a.world = std::stoi(v);
+    } else if (k == "--rounds") {
+      a.rounds = std::stoi(v);
+    } else if (k == "--fsync") {
+      a.fsync = v != "0";
+    } else if (k == "--dir") {
+      a.dir = v;
+    } else {
+      std::cerr << "bench_async_save: unknown option " << k << "\n";
+      std::exit(2);
+    }
+  }
+  if (a.rounds < 2 || a.world < 1 || a.mib < 1 || a.tensors < 1) {
+    std::cerr << "bench_async_save: needs --rounds >= 2, --world >= 1, --mib >= 1\n";
+    std::exit(2);
+  }
+  return a;
+}
+
+/// `tensors` float32 matrices of 1024 columns, `mib` MiB in all.
+std::vector<at::Tensor> make_full(const Args& a) {
+  const int64_t cols = 1024;
+  const int64_t rows = std::max<int64_t>(1, a.mib * (1 << 20) / 4 / cols / a.tensors);
+  at::manual_seed(3);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < a.tensors; ++i) out.push_back(at::randn({rows, cols}));
+  return out;
+}
+
+/// rank's dim-0 slice of every tensor (FSDP's even split), a copy.
+tdist::ShardedStateDict shard(const std::vector<at::Tensor>& full, int rank, int world) {
+  tdist::ShardedStateDict out;
+  for (size_t i = 0; i < full.size(); ++i) {
+    const int64_t rows = full[i].size(0);
+    const int64_t per = (rows + world - 1) / world;
+    const int64_t begin = std::min(rows, per * rank), end = std::min(rows, begin + per);
+    out["model.t" + std::to_string(i)] = tdist::ShardedTensor{
+        full[i].narrow(0, begin, end - begin).clone(), full[i].sizes().vec(), {begin, 0}};
+  }
+  return out;
+}
+
+/// Runs fn on `world` threads, each with a fresh coordinator over one HashStore.
+void on_ranks(int world, const std::function<void(int, ckpt::CoordinatorPtr)>& fn) {
+  static int round = 0;
+  auto store = std::make_shared<tdist::HashStore>();
+  const std::string prefix = "bench" + std::to_string(round++);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back(
+        [&, r] { fn(r, std::make_shared<ckpt::StoreCoordinator>(store, r, world, prefix)); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Loads dir at world 1 and counts tensors that differ from `full`.
+int64_t wrong_tensors(const std::string& dir, const std::vector<at::Tensor>& full) {
+  tdist::ShardedStateDict target = shard(full, 0, 1);
+  for (auto& [name, st] : target) st.local.zero_();
+  ckpt::load(target, dir,
+             ckpt::LoadOptions().coordinator(std::make_shared<ckpt::LocalCoordinator>()));
+  int64_t wrong = 0;
+  for (size_t i = 0; i < full.size(); ++i)
+    wrong += !target.at("model.t" + std::to_string(i)).local.equal(full[i]);
+  return wrong;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  std::vector<at::Tensor> full = make_full(a);
+  int64_t total = 0;
+  for (const auto& t : full) total += t.nbytes();
+  std::printf(
+      "# %d float32 tensors, %.1f MiB in all, world %d (ranks are threads); fsync %s; "
+      "%d rounds\n",
+      a.tensors, total / 1048576.0, a.world, a.fsync ? "on" : "off", a.rounds);
+
+  std::vector<std::unique_ptr<ckpt::AsyncCheckpointer>> checkpointers;
+  for (int r = 0; r < a.world; ++r) {
+    checkpointers.push_back(std::make_unique<ckpt::AsyncCheckpointer>());
+  }
+  std::vector<double> sync_s, stall_s, async_total_s;
+  int64_t wrong = 0;
+  for (int round = 0; round < a.rounds; ++round) {
+    const std::string base = (fs::path(a.dir) / "bench_async_save").string();
+    fs::remove_all(base);
+    std::vector<tdist::ShardedStateDict> states;
+    for (int r = 0; r < a.world; ++r) states.push_back(shard(full, r, a.world));
+
+    const auto t_sync = Clock::now();
+    on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
+      ckpt::save(states[rank], {}, base + "/sync",
+                 ckpt::SaveOptions().coordinator(c).fsync(a.fsync));
+    });
+    sync_s.push_back(seconds_since(t_sync));
+
+    std::vector<double> stalls(a.world);
+    const auto t_async = Clock::now();
+    on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
+      const auto t0 = Clock::now();
+      const ckpt::SaveFuture future = checkpointers[rank]->save(
+          states[rank], {}, base + "/async", ckpt::SaveOptions().coordinator(c).fsync(a.fsync));
+      stalls[rank] = seconds_since(t0);
+      for (auto& [name, st] : states[rank]) st.local.add_(1.0);  // training goes on
+      future.wait();
+    });
+    async_total_s.push_back(seconds_since(t_async));
+    stall_s.push_back(*std::max_element(stalls.begin(), stalls.end()));
+    wrong += wrong_tensors(base + "/async", full);
+    fs::remove_all(base);
+  }
+
+  const double sync = median(sync_s);
+  const double steady = median(std::vector<double>(stall_s.begin() + 1, stall_s.end()));
+  std::printf("%-28s %10s %10s\n", "", "ms", "x_sync");
+  std::printf("%-28s %10.1f %10.3f\n", "sync save (median)", sync * 1e3, 1.0);
+  std::printf("%-28s %10.1f %10.3f\n", "async stall, first save", stall_s[0] * 1e3,
+              stall_s[0] / sync);
+  std::printf("%-28s %10.1f %10.3f\n", "async stall, steady (median)", steady * 1e3, steady / sync);
+  std::printf("%-28s %10.1f %10.3f\n", "async save to commit (median)", median(async_total_s) * 1e3,
+              median(async_total_s) / sync);
+  std::printf("#stall_over_sync %.4f\n#wrong %lld\n", steady / sync, (long long)wrong);
+  return wrong == 0 ? 0 : 1;
+}
