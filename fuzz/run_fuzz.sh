@@ -8,6 +8,10 @@
 #   zip             the zip reader that checks torch.save archives
 #   model_config    config.json as from_pretrained reads it (links LibTorch's c10 only)
 #   safetensors     safetensors files: header validation and reads (links LibTorch's CPU library)
+#   tokenizer       tokenizer.json: loading, then encoding and decoding with what loaded
+#   dcp_metadata    DCP .metadata past the pickle layer (links LibTorch's CPU library)
+#   launch_args     tdistrun's command line (arguments separated by NUL bytes)
+#   train_config    the trainer's --config file (links LibTorch's c10 only)
 # Seeds come from real files where a Python is at hand (the .venv's, or python3): pickles of
 # Python's own pickler, DCP metadata and torch.save archives written by PyTorch,
 # transformers' config.json of each family; else a few written here.
@@ -16,7 +20,7 @@
 set -euo pipefail
 src=${1:?source dir}
 work=${2:?work dir}
-target=${3:?target: store_protocol, pickle, zip, model_config or safetensors}
+target=${3:?target: store_protocol, pickle, zip, model_config, safetensors, tokenizer, dcp_metadata, launch_args or train_config}
 shift 3
 clangxx=${CLANGXX:-$(command -v clang++ || command -v clang++-14 || true)}
 if [[ -z "$clangxx" ]]; then
@@ -35,6 +39,7 @@ flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 sources=("$src/src/util/error.cpp")
 extra=()
 torch_libs=()
+system_libs=()
 case "$target" in
   store_protocol)
     sources=("$src/src/store/tcp_store_protocol.cpp")
@@ -63,6 +68,34 @@ case "$target" in
     torch_libs=(-ltorch_cpu -lc10)
     max_len=4096
     ;;
+  tokenizer)
+    sources+=("$src/src/models/tokenizer.cpp")
+    extra=($(pkg-config --cflags-only-I libpcre2-8 sentencepiece 2>/dev/null || true))
+    system_libs=(-lpcre2-8 -lsentencepiece -lutf8proc)
+    max_len=131072
+    ;;
+  dcp_metadata)
+    sources+=("$src/src/checkpoint/dcp_metadata.cpp" "$src/src/checkpoint/pickle_reader.cpp"
+              "$src/src/checkpoint/pickle_writer.cpp" "$src/src/checkpoint/file_io.cpp"
+              "$src/src/checkpoint/crc32c.cpp" "$src/src/checkpoint/torch_file.cpp"
+              "$src/src/checkpoint/extra_state.cpp" "$src/src/checkpoint/metadata_codec.cpp"
+              "$src/src/util/torch_compat.cpp")
+    extra=(-msse4.2 -mpclmul)
+    torch_libs=(-ltorch_cpu -lc10)
+    max_len=65536
+    ;;
+  launch_args)
+    sources+=("$src/src/launch/launch_config.cpp")
+    max_len=2048
+    ;;
+  train_config)
+    sources+=("$src/examples/gpt/cli.cpp" "$src/examples/gpt/config.cpp"
+              "$src/examples/gpt/model_spec.cpp" "$src/examples/gpt/schedule.cpp"
+              "$src/examples/gpt/sample_options.cpp" "$src/src/models/config.cpp")
+    extra=(-I"$src/examples")
+    torch_libs=(-lc10)
+    max_len=8192
+    ;;
   *)
     echo "unknown target '$target'" >&2
     exit 2
@@ -74,11 +107,23 @@ if [[ ${#torch_libs[@]} -gt 0 ]]; then
     echo "SKIPPED: no PyTorch at $python for LibTorch's headers; run tools/setup.sh"
     exit 0
   fi
-  extra+=(-I"$torch_dir/include")
+  extra+=(-I"$torch_dir/include" -I"$torch_dir/include/torch/csrc/api/include")
   torch_libs=(-L"$torch_dir/lib" "${torch_libs[@]}" -Wl,-rpath,"$torch_dir/lib")
 fi
-"$clangxx" "${flags[@]}" "${extra[@]}" "$src/fuzz/${target}_fuzzer.cpp" "${sources[@]}" \
-  "${torch_libs[@]}" -o "$bin"
+# One object per source, through ccache where it is installed: the LibTorch-heavy sources
+# take most of a run's time, and a clean build directory (CI's) then reuses them.
+# Paths relative to the checkout and no working directory in the hash, so that another
+# checkout or build directory hits the same entries.
+launcher=$(command -v ccache || true)
+export CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
+objects=()
+mkdir -p "$work/obj"
+for source in "$src/fuzz/${target}_fuzzer.cpp" "${sources[@]}"; do
+  object="$work/obj/${#objects[@]}-$(basename "${source%.cpp}").o"
+  $launcher "$clangxx" "${flags[@]}" "${extra[@]}" -c "$source" -o "$object"
+  objects+=("$object")
+done
+"$clangxx" "${flags[@]}" "${objects[@]}" "${torch_libs[@]}" "${system_libs[@]}" -o "$bin"
 if [[ -n "$python" ]]; then
   "$python" "$src/fuzz/make_seeds.py" "$target" "$corpus"
 fi

@@ -232,6 +232,17 @@ class MetadataDecoder {
     return out;
   }
 
+  /// Elements of a shape from the file: every extent at least 0, the count within int64.
+  int64_t element_count(const std::vector<int64_t>& sizes, const std::string& what) const {
+    int64_t numel = 1;
+    for (const int64_t s : sizes) {
+      if (s < 0 || __builtin_mul_overflow(numel, s, &numel)) {
+        fail(what + " is not a valid size");
+      }
+    }
+    return numel;
+  }
+
   std::string dtype_of(const PyRef& properties, const std::string& name) const {
     if (!is_class(properties, "TensorProperties")) fail("'" + name + "' has no TensorProperties");
     PyRef dtype;
@@ -295,6 +306,9 @@ class MetadataDecoder {
       DcpByteEntry entry{require(info->get("relative_path"), Kind::kStr, "relative_path").text,
                          require(info->get("offset"), Kind::kInt, "offset").integer,
                          require(info->get("length"), Kind::kInt, "length").integer};
+      if (entry.offset < 0 || entry.length < 0) {
+        fail("the storage of '" + fqn + "' has a negative offset or length");
+      }
       storage_[{fqn, has_offset ? offsets : std::vector<int64_t>{-1}}] = entry;
     }
   }
@@ -310,6 +324,7 @@ class MetadataDecoder {
     TensorInfo info;
     info.dtype = dtype_of(md->get("properties"), name);
     info.global_shape = sizes_of(md->get("size"), "the size of '" + name + "'");
+    element_count(info.global_shape, "the size of '" + name + "'");
     for (const auto& chunk : require(md->get("chunks"), Kind::kList, "chunks of " + name).items) {
       if (!is_class(chunk, "ChunkStorageMetadata"))
         fail("a chunk of '" + name + "' is not a chunk");
@@ -319,8 +334,12 @@ class MetadataDecoder {
       if (c.offsets.size() != info.global_shape.size() || c.sizes.size() != c.offsets.size()) {
         fail("a chunk of '" + name + "' has another rank than the tensor");
       }
-      int64_t numel = 1;
-      for (int64_t s : c.sizes) numel *= s;
+      const int64_t numel = element_count(c.sizes, "a chunk size of '" + name + "'");
+      for (size_t d = 0; d < c.sizes.size(); ++d) {
+        if (c.offsets[d] < 0 || c.offsets[d] > info.global_shape[d] - c.sizes[d]) {
+          fail("a chunk of '" + name + "' lies outside the tensor");
+        }
+      }
       if (numel == 0) continue;  // an empty shard has nothing to read
       const DcpByteEntry where = find_storage(name, &c.offsets);
       c.file = where.file;

@@ -227,7 +227,10 @@ void resolve_program(std::vector<std::string> rest, const RawLaunchArgs& raw, La
   TDIST_CHECK_ARG(!rest.empty(),
                   "tdistrun: no program given (usage: tdistrun [options] "
                   "PROGRAM [ARGS...])");
-  TDIST_CHECK_ARG(rest.front().empty() || rest.front()[0] != '-',
+  TDIST_CHECK_ARG(!rest.front().empty(),
+                  "tdistrun: the program to run is an empty string (an unset variable in the "
+                  "job script?); give the executable's path");
+  TDIST_CHECK_ARG(rest.front()[0] != '-',
                   "tdistrun: unknown option '" + rest.front() + "' (see --help)");
   TDIST_CHECK_ARG(!raw.module, "tdistrun: -m/--module is not supported; give an executable");
   c.program = rest.front();

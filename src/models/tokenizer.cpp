@@ -179,6 +179,24 @@ struct PreTokenizerStep {
                                    "(tdist reads byte-level BPE tokenizers: GPT-2's, Llama 3's)");
 }
 
+// Real vocabularies stay under 2^18 ids; a bound keeps a hostile file from asking for a
+// table of 2^63 entries.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+/// A token id as tokenizer.json spells it: a whole number from 0 to kMaxTokenId.
+int64_t token_id(const json& value, const std::string& where, const std::string& field) {
+  const bool in_range =
+      (value.is_number_unsigned() && value.get<uint64_t>() <= uint64_t(kMaxTokenId)) ||
+      (value.is_number_integer() && !value.is_number_unsigned() && value.get<int64_t>() >= 0 &&
+       value.get<int64_t>() <= kMaxTokenId);
+  if (!in_range) {
+    TDIST_THROW(InvalidArgument, "tokenizer: " + where + ": " + field + " " + value.dump() +
+                                     " is not a token id (a whole number from 0 to " +
+                                     std::to_string(kMaxTokenId) + ")");
+  }
+  return value.get<int64_t>();
+}
+
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
@@ -335,7 +353,9 @@ void read_model(const json& model, Tokenizer::State& s) {
     }
   }
   s.ignore_merges = model.value("ignore_merges", false);
-  for (const auto& [token, id] : model.at("vocab").items()) s.vocab[token] = id.get<int64_t>();
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    s.vocab[token] = token_id(id, s.where, "model.vocab[\"" + token + "\"]");
+  }
   int rank = 0;
   for (const auto& m : model.at("merges")) {
     std::string key;
@@ -404,7 +424,10 @@ void read_post_processor(const json& post, Tokenizer::State& s) {
       }
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       const json& ids = post.at("special_tokens").at(name).at("ids");
-      for (const auto& id : ids) (before ? s.prefix : s.suffix).push_back(id.get<int64_t>());
+      for (const auto& id : ids) {
+        (before ? s.prefix : s.suffix)
+            .push_back(token_id(id, s.where, "post_processor special token '" + name + "'"));
+      }
     }
   } else if (type != "ByteLevel") {  // ByteLevel only trims offsets
     refuse(s.where, "post_processor '" + type + "'");
@@ -454,8 +477,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
     read_pre_tokenizer(j.value("pre_tokenizer", json()), *s);
     read_post_processor(j.value("post_processor", json()), *s);
     for (const auto& a : j.value("added_tokens", json::array())) {
-      AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int64_t>(),
-                   a.value("special", false), a.value("lstrip", false), a.value("rstrip", false)};
+      AddedToken t{a.at("content").get<std::string>(),
+                   token_id(a.at("id"), s->where, "added token id"), a.value("special", false),
+                   a.value("lstrip", false), a.value("rstrip", false)};
       if (a.value("single_word", false)) refuse(s->where, "added token single_word");
       s->added.push_back(std::move(t));
     }
@@ -466,6 +490,15 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   int64_t size = 0;
   for (const auto& [token, id] : s->vocab) size = std::max(size, id + 1);
   for (const auto& a : s->added) size = std::max(size, a.id + 1);
+  for (const auto* ids : {&s->prefix, &s->suffix}) {
+    for (const int64_t id : *ids) {
+      if (id >= size) {
+        TDIST_THROW(InvalidArgument, "tokenizer: " + s->where + ": the post_processor adds id " +
+                                         std::to_string(id) + ", outside the vocabulary of " +
+                                         std::to_string(size) + " tokens");
+      }
+    }
+  }
   s->id_to_token.resize(static_cast<size_t>(size));
   s->special.assign(static_cast<size_t>(size), false);
   for (const auto& [token, id] : s->vocab) s->id_to_token[static_cast<size_t>(id)] = token;

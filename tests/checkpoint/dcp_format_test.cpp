@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <gtest/gtest.h>
 
+#include "checkpoint/dcp_metadata.h"
 #include "checkpoint/helpers.h"
 #include "support/expect.h"
 #include "support/ranks.h"
@@ -119,6 +121,39 @@ TEST(DcpFormat, ATruncatedOrForeignMetadataIsAClearError) {
   write_file(dir + "/.metadata", std::string("\x80\x02}.", 4));
   error = error_of([&] { read_metadata(dir); });
   EXPECT_NE(error.find("root object"), std::string::npos) << error;
+}
+
+// Found by fuzz/dcp_metadata_fuzzer.cpp: chunk boxes were taken as the file said, so a chunk
+// outside its tensor, a negative extent or an element count past int64 reached the reader.
+TEST(DcpFormat, ChunksOutsideTheirTensorAreRefused) {
+  const std::string dir = saved_dcp(8, 2, Layout::kEven);
+  const CheckpointMetadata saved = read_metadata(dir);
+  std::string name;  // a matrix with data
+  for (const auto& [n, t] : saved.tensors) {
+    if (name.empty() && t.global_shape.size() == 2 && !t.chunks.empty()) name = n;
+  }
+  ASSERT_FALSE(name.empty());
+  struct Case {
+    std::function<void(TensorInfo&)> edit;
+    std::string expect;
+  } cases[] = {
+      {[](TensorInfo& t) { t.chunks[0].offsets[0] = t.global_shape[0]; },
+       "lies outside the tensor"},
+      {[](TensorInfo& t) { t.chunks[0].offsets[0] = -1; }, "lies outside the tensor"},
+      {[](TensorInfo& t) { t.chunks[0].sizes[0] = -2; }, "is not a valid size"},
+      {[](TensorInfo& t) {
+         t.global_shape = std::vector<int64_t>(t.global_shape.size(), int64_t{1} << 40);
+       },
+       "is not a valid size"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.expect);
+    CheckpointMetadata edited = saved;
+    c.edit(edited.tensors.at(name));
+    write_file(dir + "/.metadata", detail::encode_dcp_metadata(edited, std::nullopt, dir, "t"));
+    const std::string error = error_of([&] { read_metadata(dir); });
+    EXPECT_NE(error.find(c.expect), std::string::npos) << error;
+  }
 }
 
 TEST(DcpFormat, AFlippedByteInADataFileIsCaughtAndNamed) {

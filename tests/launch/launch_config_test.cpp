@@ -106,6 +106,8 @@ TEST(LaunchConfig, UsageErrorsExplainThemselves) {
       {{"--rdzv-backend", "etcd", "p"}, "static or c10d"},
       {{"--bogus", "p"}, "--bogus"},
       {{"-m", "p"}, "not supported"},
+      // Found by fuzz/launch_args_fuzzer.cpp: an empty program was accepted.
+      {{"--nproc-per-node", "2", "", "x"}, "empty string"},
   };
   for (const auto& c : cases) {
     auto p = parse(c.args);

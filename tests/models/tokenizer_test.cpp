@@ -100,3 +100,32 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   EXPECT_NE(error_of([&] { tok.decode({5}); }).find("id 5 is outside the vocabulary of 1"),
             std::string::npos);
 }
+
+// Found by fuzz/tokenizer_fuzzer.cpp: a float id became an undefined conversion, a negative
+// one a write before the id table, a huge one a table of 2^60 entries.
+TEST(Tokenizer, RefusesIdsThatAreNotTokenIds) {
+  const std::string dir = tdist::testing::make_temp_dir("tok-ids");
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir + "/t.json") << text;
+    return error_of([&] { Tokenizer::from_file(dir + "/t.json"); });
+  };
+  for (const char* id : {"1e29", "-1", "1152921504606846976", "2.5", "\"3\""}) {
+    SCOPED_TRACE(id);
+    const std::string vocab_error = load(
+        std::string(R"({"model": {"type": "BPE", "vocab": {"a": )") + id + R"(}, "merges": []}})");
+    // The value is quoted as JSON writes it back (1e29 as 1e+29).
+    EXPECT_NE(vocab_error.find("model.vocab[\"a\"] "), std::string::npos) << vocab_error;
+    EXPECT_NE(vocab_error.find(" is not a token id"), std::string::npos) << vocab_error;
+    const std::string added_error =
+        load(std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, )") +
+             R"("added_tokens": [{"content": "<s>", "id": )" + id + "}]}");
+    EXPECT_NE(added_error.find("added token id"), std::string::npos) << added_error;
+  }
+  const std::string outside =
+      load(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "post_processor": )"
+           R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}, )"
+           R"({"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [7]}}}})");
+  EXPECT_NE(outside.find("the post_processor adds id 7, outside the vocabulary of 1"),
+            std::string::npos)
+      << outside;
+}

@@ -33,7 +33,7 @@ STRESS = [
 ]
 
 
-def train(kind, corpus):
+def train(kind, corpus, vocab_size=1500):
     if kind == "gpt2":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -48,7 +48,7 @@ def train(kind, corpus):
     if kind == "qwen2":
         tok.normalizer = normalizers.NFC()  # as Qwen2's tokenizer.json has it
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
     if kind == "llama3":
