@@ -22,6 +22,8 @@ PACKAGES=(
   python3 python3-venv    # the project-local .venv/ with PyTorch from PyPI
   libgloo-dev             # Debian's Gloo, which tdist's Gloo transport module is built on (docs/gloo.md)
   libopenmpi-dev openmpi-bin  # the MPI backend
+  mpich                   # MPICH's Hydra mpiexec, a launcher tests start jobs with (not linked)
+  slurmctld slurmd slurm-client  # a private single-node SLURM that test_slurm starts (srun -n 3)
   libssl-dev              # HMAC-SHA256 store authentication, checkpoint checksums
   nlohmann-json3-dev libcli11-dev
   libpcre2-dev            # Unicode regexes of the tokenizers' pre-tokenizers

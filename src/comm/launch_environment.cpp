@@ -4,10 +4,13 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "tdist/error.h"
+
+#include <unistd.h>
 
 namespace tdist {
 namespace {
@@ -237,8 +240,19 @@ void derive_master_addr(const Env& env, const Claim& chosen, bool slurm_job,
   }
 }
 
+// The parent process when it is MPICH's hydra_pmi_proxy (every rank on a host is its child);
+// 0 otherwise: a wrapper script between them would give each rank another parent, and so
+// another port.
+int64_t parent_hydra_proxy_pid() {
+  const pid_t parent = getppid();
+  std::ifstream comm("/proc/" + std::to_string(parent) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name == "hydra_pmi_proxy" ? static_cast<int64_t>(parent) : 0;
+}
+
 void derive_master_port(const Env& env, const Claim& chosen, bool slurm_job,
-                        LaunchEnvironment& out) {
+                        int64_t hydra_proxy_pid, LaunchEnvironment& out) {
   if (env.has("MASTER_PORT")) {
     out.master_port = *env.port("MASTER_PORT");
     out.provenance.push_back("port " + env.text("MASTER_PORT"));
@@ -264,12 +278,20 @@ void derive_master_port(const Env& env, const Claim& chosen, bool slurm_job,
                                env.text(name));
       return;
     }
+    if (chosen.launcher == "mpich" && hydra_proxy_pid > 0) {
+      out.master_port =
+          derived_port(stable_hash("hydra_pmi_proxy " + std::to_string(hydra_proxy_pid)));
+      out.provenance.push_back("port " + std::to_string(out.master_port) +
+                               " from the process id of Hydra's proxy (" +
+                               std::to_string(hydra_proxy_pid) + ")");
+    }
   }
 }
 
 }  // namespace
 
-LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(const char*)>& getenv) {
+LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(const char*)>& getenv,
+                                            std::optional<int64_t> hydra_proxy_pid) {
   const Env env(getenv);
   const std::optional<Claim> torchrun = torchrun_claim(env);
   const std::optional<Claim> mpi = mpi_claim(env);
@@ -323,7 +345,10 @@ LaunchEnvironment LaunchEnvironment::detect(const std::function<const char*(cons
   out.provenance = chosen->provenance;
   const bool slurm_job = slurm && (chosen->launcher == "slurm" || chosen->world == slurm->world);
   derive_master_addr(env, *chosen, slurm_job, out);
-  derive_master_port(env, *chosen, slurm_job, out);
+  if (!hydra_proxy_pid) {
+    hydra_proxy_pid = getenv || chosen->launcher != "mpich" ? 0 : parent_hydra_proxy_pid();
+  }
+  derive_master_port(env, *chosen, slurm_job, *hydra_proxy_pid, out);
   return out;
 }
 

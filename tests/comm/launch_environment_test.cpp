@@ -22,11 +22,13 @@ namespace launch_environment_test {
 
 using Vars = std::map<std::string, std::string>;
 
-LaunchEnvironment detect(const Vars& vars) {
-  return LaunchEnvironment::detect([&](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  });
+LaunchEnvironment detect(const Vars& vars, int64_t hydra_proxy_pid = 0) {
+  return LaunchEnvironment::detect(
+      [&](const char* name) -> const char* {
+        auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      },
+      hydra_proxy_pid);
 }
 
 // The error detect raises for `vars`; fails the test when none is raised.
@@ -172,6 +174,21 @@ TEST(LaunchEnvironment, MpichHydra) {
   EXPECT_EQ(env.local_rank, 2);
   EXPECT_EQ(env.master_addr, "127.0.0.1");
   EXPECT_EQ(env.master_port, 29500);
+}
+
+// Hydra exports no job id: on one host the port comes from its proxy, the parent of every
+// rank, and only from a real proxy (a wrapper script between would give each rank its own).
+TEST(LaunchEnvironment, MpichHydraDerivesThePortFromItsProxy) {
+  const Vars vars = {
+      {"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "3"}};
+  const LaunchEnvironment a = detect(vars, 4242);
+  EXPECT_GE(a.master_port, 20000);
+  EXPECT_LT(a.master_port, 40000);
+  EXPECT_TRUE(mentions(a.describe(), "Hydra's proxy (4242)")) << a.describe();
+  EXPECT_EQ(detect(vars).master_port, -1) << "no proxy: MASTER_PORT must be set";
+  Vars other_host = vars;
+  other_host["MPI_LOCALNRANKS"] = "2";  // ranks on two hosts: no shared parent
+  EXPECT_EQ(detect(other_host, 4242).master_port, -1);
 }
 
 TEST(LaunchEnvironment, TwoMpiFamiliesThatDisagree) {

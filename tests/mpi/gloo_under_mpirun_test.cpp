@@ -1,7 +1,9 @@
-// A Gloo job started by mpirun with nothing else: init_process_group() reads the rank, the
-// world and the node-local rank from OpenMPI's variables, puts rank 0's store on this host
-// (every rank is local) at a port derived from the MPI job id, and the collectives work
-// (Note [Launch environment precedence]).
+// A Gloo job started by an MPI launcher with nothing else (no MASTER_ADDR, MASTER_PORT or
+// RANK): OpenMPI's mpirun or MPICH's Hydra mpiexec. init_process_group() reads the rank, the
+// world and the node-local rank from the launcher's variables, puts rank 0's store on this
+// host (every rank is local) at a port derived from what the ranks share (OpenMPI's job id,
+// the process id of Hydra's proxy), and the collectives work (Note [Launch environment
+// precedence]). The binary is not linked against either MPI: only the environment counts.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,16 +16,37 @@
 
 namespace {
 
+struct MpiVariables {
+  const char* launcher;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+};
+
+const MpiVariables kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                            "OMPI_COMM_WORLD_LOCAL_RANK"};
+const MpiVariables kMpich{"mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"};
+
+int number(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : -1;
+}
+
 TEST(GlooUnderMpirun, InitWithNoFlags) {
   ASSERT_EQ(std::getenv("RANK"), nullptr) << "run under mpirun alone";
-  ASSERT_NE(std::getenv("OMPI_COMM_WORLD_RANK"), nullptr) << "run under OpenMPI's mpirun";
+  ASSERT_EQ(std::getenv("MASTER_PORT"), nullptr) << "run under mpirun alone";
+  const bool openmpi = std::getenv(kOpenMpi.rank) != nullptr;
+  ASSERT_TRUE(openmpi || std::getenv(kMpich.rank) != nullptr)
+      << "run under OpenMPI's mpirun or MPICH's mpiexec";
+  const MpiVariables& mpi = openmpi ? kOpenMpi : kMpich;
   const tdist::LaunchEnvironment launch = tdist::LaunchEnvironment::detect();
-  EXPECT_EQ(launch.launcher, "openmpi") << launch.describe();
+  EXPECT_EQ(launch.launcher, mpi.launcher) << launch.describe();
+  EXPECT_GT(launch.master_port, 0) << launch.describe();
   tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
   EXPECT_EQ(tdist::get_backend(), "gloo");
-  EXPECT_EQ(tdist::get_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
-  EXPECT_EQ(tdist::get_world_size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
-  EXPECT_EQ(tdist::get_node_local_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")));
+  EXPECT_EQ(tdist::get_rank(), number(mpi.rank));
+  EXPECT_EQ(tdist::get_world_size(), number(mpi.size));
+  EXPECT_EQ(tdist::get_node_local_rank(), number(mpi.local_rank));
   const int world = tdist::get_world_size();
   auto t = torch::full({3}, static_cast<float>(tdist::get_rank() + 1));
   tdist::all_reduce(t);

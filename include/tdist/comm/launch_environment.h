@@ -18,13 +18,18 @@
 //      SLURM_JOB_NODELIST, else SLURM_NODELIST), the port 20000 + SLURM_JOB_ID % 20000.
 //   4. Kubeflow's elastic variables for one process per pod: PET_NODE_RANK, PET_NNODES,
 //      PET_MASTER_ADDR, PET_MASTER_PORT.
+// Where every rank is on this host, the port comes from what the ranks share and no other job
+// has: OpenMPI's job id, the PMIx namespace, or (MPICH's Hydra exports neither) the process
+// id of the hydra_pmi_proxy that started them all.
 // MASTER_ADDR and MASTER_PORT, when set, override what a source derives. A source that
 // disagrees with another one describing the same job is an error naming both: an MPI rank
 // unlike SLURM_PROCID in a job of SLURM_NTASKS processes (srun --mpi=...), WORLD_SIZE unlike
 // the launcher's size, two MPI families' ranks that differ. An MPI job whose size differs
 // from SLURM_NTASKS is mpirun inside an allocation: the MPI launcher's numbers are used.
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,8 +51,11 @@ struct LaunchEnvironment {
 
   /// Reads the environment through `getenv` (the process's by default). Throws
   /// InvalidArgument naming the variables when they cannot be parsed or two sources
-  /// disagree.
-  static LaunchEnvironment detect(const std::function<const char*(const char*)>& getenv = nullptr);
+  /// disagree. `hydra_proxy_pid`: the process id of the MPICH Hydra proxy that started this
+  /// process, 0 when its parent is none (by default: looked up when reading the process's own
+  /// environment, 0 otherwise).
+  static LaunchEnvironment detect(const std::function<const char*(const char*)>& getenv = nullptr,
+                                  std::optional<int64_t> hydra_proxy_pid = std::nullopt);
 
   bool found() const { return !launcher.empty(); }
 
