@@ -109,16 +109,19 @@ int restart_count() {
 // Fault injection for the restart test (tests/gpt/restart_test.cpp):
 // TDIST_GPT_CRASH_AT_STEP=k makes rank TDIST_GPT_CRASH_RANK (default 1) SIGKILL itself
 // before step k+1 (after k steps), on the first attempt only, so that a restarted job
-// (tdistrun --max-restarts) runs through.
+// (tdistrun --max-restarts) runs through. TDIST_GPT_CRASH_SIGNAL=STOP stops it instead
+// (SIGSTOP: a process that vanishes with its sockets open, found by heartbeats).
 void maybe_crash(int64_t steps_done, const World& world) {
   const char* at = std::getenv("TDIST_GPT_CRASH_AT_STEP");
   if (at == nullptr || *at == '\0' || std::atoll(at) != steps_done || restart_count() > 0) return;
   const char* rank = std::getenv("TDIST_GPT_CRASH_RANK");
   if (world.rank != (rank != nullptr && *rank != '\0' ? std::atoi(rank) : 1)) return;
+  const char* signal = std::getenv("TDIST_GPT_CRASH_SIGNAL");
+  const bool stop = signal != nullptr && std::string(signal) == "STOP";
   std::cout.flush();
-  std::cerr << "gpt: rank " << world.rank << ": TDIST_GPT_CRASH_AT_STEP=" << at
-            << ": killing myself after step " << steps_done << std::endl;
-  ::raise(SIGKILL);
+  std::cerr << "gpt: rank " << world.rank << ": TDIST_GPT_CRASH_AT_STEP=" << at << ": "
+            << (stop ? "stopping" : "killing") << " myself after step " << steps_done << std::endl;
+  ::raise(stop ? SIGSTOP : SIGKILL);
 }
 
 // A resumed run continues metrics.jsonl: drop what an interrupted attempt logged after the

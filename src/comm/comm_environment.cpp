@@ -60,6 +60,15 @@ CommEnvironment CommEnvironment::from_env() {
                                   "a number of milliseconds >= 0")) {
     env.report_wait = std::chrono::milliseconds(*ms);
   }
+  if (auto ms = util::env_integer("TDIST_HEARTBEAT_INTERVAL_MS", 0,
+                                  "a number of milliseconds >= 0 (0: no heartbeats)")) {
+    env.heartbeat_interval = std::chrono::milliseconds(*ms);
+  }
+  if (auto n = util::env_integer("TDIST_HEARTBEAT_MISSES", 2, "a count >= 2")) {
+    TDIST_CHECK_ARG(*n <= 1000000, "TDIST_HEARTBEAT_MISSES='" + std::to_string(*n) +
+                                       "': expected a count from 2 to 1000000");
+    env.heartbeat_misses = static_cast<int>(*n);
+  }
   return env;
 }
 

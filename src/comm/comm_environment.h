@@ -24,6 +24,11 @@ struct CommEnvironment {
   /// TDIST_FLIGHT_RECORDER_REPORT_WAIT_MS: how long a failing rank waits for its peers'
   /// reports (at most the group's timeout).
   std::chrono::milliseconds report_wait{2000};
+  /// TDIST_HEARTBEAT_INTERVAL_MS: how often each rank beats (Note [Heartbeats] in
+  /// comm/heartbeat.h); 0: no heartbeats.
+  std::chrono::milliseconds heartbeat_interval{0};
+  /// TDIST_HEARTBEAT_MISSES: missed intervals (at least 2) that make a rank lost.
+  int heartbeat_misses = 5;
 
   /// Raises InvalidArgument naming the variable and its value when one cannot be parsed.
   static CommEnvironment from_env();

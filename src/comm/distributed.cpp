@@ -14,12 +14,14 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "comm/comm_environment.h"
+#include "comm/heartbeat.h"
 #include "comm/host_staged_backend.h"
 #include "rendezvous.h"
 #include "state.h"
 #include "tdist/comm/launch_environment.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
+#include "tdist/store/tcp_store.h"
 #include "tdist/util/env.h"
 #include "tdist/util/openblas_core.h"
 
@@ -76,6 +78,33 @@ std::string spec_text(const std::map<std::string, std::string>& spec) {
   std::string out;
   for (const auto& [device, name] : spec) out += (out.empty() ? "" : ",") + device + ":" + name;
   return out;
+}
+
+/// Note [Heartbeats]: on when TDIST_HEARTBEAT_INTERVAL_MS says so and the world's store is a
+/// TCP store (file and user-given stores have no host to lose), over a connection of its own
+/// whose requests time out after the silence that makes a peer lost.
+std::unique_ptr<HeartbeatMonitor> start_heartbeat(const WorldState& state,
+                                                  const CommEnvironment& env, int rank,
+                                                  int world_size) {
+  const auto* tcp = dynamic_cast<const TCPStore*>(state.store.get());
+  if (env.heartbeat_interval.count() == 0 || tcp == nullptr || world_size < 2) return nullptr;
+  HeartbeatOptions options;
+  options.interval = env.heartbeat_interval;
+  options.misses = env.heartbeat_misses;
+  TCPStoreOptions connection;
+  connection.port(tcp->port())
+      .wait_for_workers(false)
+      .timeout(options.silence())
+      .notice_after(std::chrono::milliseconds(0))
+      .client_name("rank " + std::to_string(rank) + " heartbeat")
+      .server_name("rank 0");
+  if (env.debug_info) {
+    std::cerr << "tdist: rank " << rank << ": heartbeats every " << options.interval.count()
+              << " ms; a rank silent for " << options.silence().count() << " ms is lost\n";
+  }
+  return std::make_unique<HeartbeatMonitor>(std::make_shared<TCPStore>(tcp->host(), connection),
+                                            store_prefix(state), rank, world_size, options,
+                                            &HeartbeatMonitor::end_process);
 }
 
 /// Keeps rank 0 (which may host the TCP store) alive until every rank is done with the
@@ -292,6 +321,7 @@ void init_process_group(const InitProcessGroupOptions& options) {
     state->device_id = c10::impl::VirtualGuardImpl(c10::kCUDA).getDevice().str();
   }
   state->world = world;
+  state->heartbeat = detail::start_heartbeat(*state, comm_env, rank, world_size);
   detail::state_slot() = std::move(state);
 }
 
@@ -308,6 +338,7 @@ void destroy_process_group(const ProcessGroupPtr& group) {
     groups.erase(std::remove(groups.begin(), groups.end(), group), groups.end());
     return;
   }
+  state->heartbeat.reset();
   detail::exit_barrier(*state);
   for (auto& g : state->groups) g->release_backends();
   state->world->release_backends();

@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/heartbeat.h"
 #include "tdist/comm/process_group.h"
 #include "tdist/store/store.h"
 
@@ -24,6 +26,9 @@ struct WorldState {
   int generation = 0;  // distinguishes successive init_process_group calls
   std::string device_id;
   bool debug_detail = false;
+  /// Note [Heartbeats]; null when off. Destroyed before the world, so that its thread stops
+  /// and this rank is marked finished before the exit barrier.
+  std::unique_ptr<HeartbeatMonitor> heartbeat;
 };
 
 /// Null when init_process_group has not run (or the world was destroyed).

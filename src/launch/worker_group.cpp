@@ -222,8 +222,13 @@ void WorkerGroup::finish() {
 
 void WorkerGroup::stop(int signal, milliseconds grace, const std::function<bool()>& force) {
   stopping_ = true;
-  // The whole process group: the worker and whatever it started.
-  for (auto& w : workers_) ::killpg(w->pid, signal);
+  // The whole process group: the worker and whatever it started. A stopped worker (SIGSTOP,
+  // the frozen rank heartbeats name) keeps `signal` pending until it runs again: SIGCONT lets
+  // it act on it now instead of after the whole grace period.
+  for (auto& w : workers_) {
+    ::killpg(w->pid, signal);
+    ::killpg(w->pid, SIGCONT);
+  }
   auto deadline = Clock::now() + grace;
   while (!all_exited() && Clock::now() < deadline) {
     pump(milliseconds(20));

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -71,6 +72,33 @@ std::vector<std::pair<int64_t, double>> losses(const JobRun& run, const std::str
     if (r["kind"] == kind) out.emplace_back(r["step"].get<int64_t>(), r["loss"].get<double>());
   }
   return out;
+}
+
+// A rank that stops (SIGSTOP) keeps its sockets open: only heartbeats notice it. Every
+// survivor names it and ends, tdistrun restarts the job, and the job resumes from the newest
+// checkpoint and finishes like an uninterrupted run.
+TEST(GptRestart, StoppedRankIsNamedByHeartbeatsAndTheJobResumes) {
+  const std::string dir = tdist::testing::make_temp_dir("gpt-stop");
+  const auto start = std::chrono::steady_clock::now();
+  JobRun stopped =
+      train(dir + "/stopped", "TDIST_GPT_CRASH_AT_STEP=" + std::to_string(kCrashAfter) +
+                                  " TDIST_GPT_CRASH_SIGNAL=STOP"
+                                  " TDIST_HEARTBEAT_INTERVAL_MS=200");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("stopping myself after step " + std::to_string(kCrashAfter)),
+            std::string::npos)
+      << stopped.output;
+  EXPECT_NE(stopped.output.find("rank 1 (host "), std::string::npos) << stopped.output;
+  EXPECT_NE(stopped.output.find("has not sent a heartbeat"), std::string::npos) << stopped.output;
+  EXPECT_NE(stopped.output.find("resumed from step " + std::to_string(kCheckpointInterval) +
+                                " (tdistrun restart 1)"),
+            std::string::npos)
+      << stopped.output;
+  ASSERT_EQ(losses(stopped, "train").size(), static_cast<size_t>(kSteps))
+      << slurp(dir + "/stopped/metrics.jsonl");
+  std::cout << "stopped rank named and the job resumed and finished in " << seconds << " s\n";
 }
 
 TEST(GptRestart, KilledRankResumesFromCheckpointWithTheSameFinalLoss) {

@@ -171,6 +171,7 @@ struct Child {
   std::string output;
   bool done = false;
   int status = 0;
+  std::chrono::steady_clock::time_point ended;
 };
 
 std::vector<std::string> build_env(const std::map<std::string, std::string>& overrides) {
@@ -257,6 +258,7 @@ std::vector<RankResult> run_ranks_as_processes(const std::string& scenario, int 
       drain(c);
       if (!c.done && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.done = true;
+        c.ended = std::chrono::steady_clock::now();
         --remaining;
         if (options.kill_all_when_one_is_killed && WIFSIGNALED(c.status)) {
           for (auto& other : children) {
@@ -279,6 +281,7 @@ std::vector<RankResult> run_ranks_as_processes(const std::string& scenario, int 
     RankResult& r = results[rank];
     r.rank = rank;
     r.output = c.output;
+    r.ended = c.ended;
     r.timed_out = timed_out && WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL;
     if (WIFEXITED(c.status)) {
       r.exit_code = WEXITSTATUS(c.status);

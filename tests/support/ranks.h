@@ -45,6 +45,9 @@ struct RankResult {
   int signal = 0;      // the signal that killed it, 0 if none
   bool timed_out = false;
   std::string output;  // stdout and stderr together
+  /// When the harness saw it end (within 50 ms); steady_clock is the machine's monotonic
+  /// clock, so a rank's own steady_clock readings compare with it.
+  std::chrono::steady_clock::time_point ended;
   bool ok() const { return exit_code == 0 && signal == 0 && !timed_out; }
 };
 
