@@ -80,10 +80,12 @@ std::vector<std::pair<int64_t, double>> losses(const JobRun& run, const std::str
 TEST(GptRestart, StoppedRankIsNamedByHeartbeatsAndTheJobResumes) {
   const std::string dir = tdist::testing::make_temp_dir("gpt-stop");
   const auto start = std::chrono::steady_clock::now();
+  const int interval_ms = tdist::testing::env_int("TDIST_HEARTBEAT_TEST_INTERVAL_MS", 200);
   JobRun stopped =
       train(dir + "/stopped", "TDIST_GPT_CRASH_AT_STEP=" + std::to_string(kCrashAfter) +
                                   " TDIST_GPT_CRASH_SIGNAL=STOP"
-                                  " TDIST_HEARTBEAT_INTERVAL_MS=200");
+                                  " TDIST_HEARTBEAT_INTERVAL_MS=" +
+                                  std::to_string(interval_ms));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
@@ -98,7 +100,8 @@ TEST(GptRestart, StoppedRankIsNamedByHeartbeatsAndTheJobResumes) {
       << stopped.output;
   ASSERT_EQ(losses(stopped, "train").size(), static_cast<size_t>(kSteps))
       << slurp(dir + "/stopped/metrics.jsonl");
-  std::cout << "stopped rank named and the job resumed and finished in " << seconds << " s\n";
+  std::cout << "heartbeat interval " << interval_ms
+            << " ms: stopped rank named and the job resumed and finished in " << seconds << " s\n";
 }
 
 TEST(GptRestart, KilledRankResumesFromCheckpointWithTheSameFinalLoss) {
