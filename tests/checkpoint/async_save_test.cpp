@@ -84,7 +84,9 @@ TEST(AsyncSave, SavesInARowReuseTheStagingMemory) {
       futures.push_back(checkpointer.save(state, {}, root + "/s" + std::to_string(i), fast()));
       EXPECT_EQ(checkpointer.staged_bytes(), state_bytes);
       // The previous save is finished once the next one has returned.
-      if (i > 0) EXPECT_TRUE(futures[i - 1].done());
+      if (i > 0) {
+        EXPECT_TRUE(futures[i - 1].done());
+      }
       add_one_in_place(state);
     }
     checkpointer.wait();
