@@ -19,10 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "launch/netns_pair.h"
+#include "launch/run_process.h"
 #include "support/ranks.h"
 
 namespace fs = std::filesystem;
@@ -164,3 +168,81 @@ TEST(GptRestart, KilledRankResumesFromCheckpointWithTheSameFinalLoss) {
 }
 
 }  // namespace
+
+namespace tdist::launch::testing {
+namespace {
+
+/// tdistrun for host `node` of two (one trainer each), no restart.
+std::vector<std::string> trainer_node(const std::vector<std::string>& in_ns, int node,
+                                      const std::string& master, int port,
+                                      const std::string& run_dir) {
+  std::vector<std::string> argv = in_ns;
+  for (const std::string& a :
+       {std::string(TDISTRUN_BIN), std::string("--nnodes"), std::string("2"),
+        std::string("--nproc-per-node"), std::string("1"), std::string("--node-rank"),
+        std::to_string(node), std::string("--master-addr"), master, std::string("--master-port"),
+        std::to_string(port), std::string("--max-restarts"), std::string("0"),
+        std::string("--stop-timeout"), std::string("3"), std::string("--rdzv-conf"),
+        std::string("close_timeout=5"), std::string(TDIST_GPT_BIN)}) {
+    argv.push_back(a);
+  }
+  for (const char* a : {"--mode",    "ddp",     "--n-layer",        "1",  "--n-head",       "2",
+                        "--n-embd",  "16",      "--block-size",     "16", "--batch-size",   "2",
+                        "--steps",   "1000000", "--eval-interval",  "0",  "--threads",      "1",
+                        "--timeout", "120",     "--max-new-tokens", "0",  "--log-interval", "1",
+                        "--run-dir"}) {
+    argv.push_back(a);
+  }
+  argv.push_back(run_dir);
+  return argv;
+}
+
+// A host whose traffic is dropped (a partition or a power loss: no reset, no error): the
+// trainer on the other host names the rank that went silent within the heartbeats' silence,
+// and its launcher ends the job. The cut-off host's launcher waits on the rendezvous store it
+// no longer reaches (there are no agent-to-agent heartbeats); the test kills it, and its
+// trainer, which no longer reaches rank 0's store either, ends through its own heartbeat.
+std::string describe(const ProcResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
+         "\n--- stderr ---\n" + r.err;
+}
+
+TEST_F(NetnsPair, ACutOffHostIsNamedByHeartbeats) {
+  const int port = 29556;  // each namespace has its own ports
+  const std::string dir = tdist::testing::make_temp_dir("gpt-cut");
+  const int interval_ms = tdist::testing::env_int("TDIST_HEARTBEAT_TEST_INTERVAL_MS", 200);
+  const std::map<std::string, std::string> env = {
+      {"TDIST_HEARTBEAT_INTERVAL_MS", std::to_string(interval_ms)}, {"OMP_NUM_THREADS", "1"}};
+  Proc b(trainer_node(in_ns(1), 1, addr_[0], port, dir + "/b"), env);
+  Proc a(trainer_node(in_ns(0), 0, addr_[0], port, dir + "/a"), env);
+  // Training runs once rank 0 has logged a few steps.
+  const auto started = std::chrono::steady_clock::now();
+  while (read_file(dir + "/a/metrics.jsonl").size() < 300 &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GE(read_file(dir + "/a/metrics.jsonl").size(), 300u) << a.out_so_far();
+  ASSERT_TRUE(cut_off(1)) << "nft could not drop host 1's traffic: " << cut_error_;
+  const auto cut = std::chrono::steady_clock::now();
+  // Host 0's rank names the silent one; its launcher then ends the job.
+  const std::string named = "rank 1 (host ";
+  while (a.err_so_far().find(named) == std::string::npos &&
+         std::chrono::steady_clock::now() - cut < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  const ProcResult ra = a.wait(std::chrono::seconds(60));
+  EXPECT_NE(ra.exit_code, 0) << describe(ra);
+  EXPECT_NE(ra.err.find(named), std::string::npos) << describe(ra);
+  EXPECT_NE(ra.err.find("has not sent a heartbeat"), std::string::npos) << describe(ra);
+  EXPECT_NE(ra.err.find("exited with code 75"), std::string::npos) << describe(ra);
+  EXPECT_LT(seconds, interval_ms * 7 / 1000.0 + 1.0) << describe(ra);  // silence + 2 intervals
+  // The cut-off host cannot tell anyone anything; its launcher is stopped here.
+  b.kill(SIGKILL);
+  b.wait(std::chrono::seconds(10));
+  std::cout << "host 1 cut off: host 0's rank named rank 1 after " << seconds << " s\n";
+}
+
+}  // namespace
+}  // namespace tdist::launch::testing

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "launch/netns_pair.h"
 #include "launch/run_process.h"
 
 namespace tdist::launch::testing {
@@ -186,43 +187,6 @@ TEST(TdistrunMultiNode, MissingNodeTimesOutClearly) {
   EXPECT_EQ(r.exit_code, 1) << describe(r);
   EXPECT_NE(r.err.find("2 nodes to join round 0"), std::string::npos) << r.err;
 }
-
-// Two hosts: network namespaces joined by a veth pair.
-class NetnsPair : public ::testing::Test {
- protected:
-  void SetUp() override {
-    id_ = std::to_string(getpid() % 100000);
-    ns_[0] = "tdl" + id_ + "a";
-    ns_[1] = "tdl" + id_ + "b";
-    int octet = 1 + getpid() % 250;
-    addr_[0] = "10.213." + std::to_string(octet) + ".1";
-    addr_[1] = "10.213." + std::to_string(octet) + ".2";
-    std::string va = "tdv" + id_ + "a", vb = "tdv" + id_ + "b";
-    std::string script = "set -e; ip netns add " + ns_[0] + "; ip netns add " + ns_[1] +
-                         "; ip link add " + va + " type veth peer name " + vb + "; ip link set " +
-                         va + " netns " + ns_[0] + "; ip link set " + vb + " netns " + ns_[1];
-    for (int i = 0; i < 2; ++i) {
-      std::string dev = i == 0 ? va : vb;
-      script += "; ip -n " + ns_[i] + " addr add " + addr_[i] + "/24 dev " + dev + "; ip -n " +
-                ns_[i] + " link set " + dev + " up; ip -n " + ns_[i] + " link set lo up";
-    }
-    auto r = run({"/bin/sh", "-c", script + " 2>&1"}, {}, seconds(20));
-    created_ = r.exit_code == 0;
-    if (!created_) {
-      TearDown();
-      GTEST_SKIP() << "cannot create network namespaces here (needs root and ip netns): " << r.out;
-    }
-  }
-  void TearDown() override {
-    run({"/bin/sh", "-c",
-         "ip netns del " + ns_[0] + " 2>/dev/null; ip netns del " + ns_[1] + " 2>/dev/null; true"},
-        {}, seconds(20));
-  }
-  std::vector<std::string> in_ns(int i) { return {"/usr/sbin/ip", "netns", "exec", ns_[i]}; }
-
-  std::string id_, ns_[2], addr_[2];
-  bool created_ = false;
-};
 
 TEST_F(NetnsPair, TwoHostsFormOneWorld) {
   const int port = 29555;  // each namespace has its own ports

@@ -93,6 +93,10 @@ std::string Proc::out_so_far() const {
   return read_file(dir_ + "/out");
 }
 
+std::string Proc::err_so_far() const {
+  return read_file(dir_ + "/err");
+}
+
 ProcResult Proc::wait(std::chrono::milliseconds timeout) {
   ProcResult result;
   auto deadline = std::chrono::steady_clock::now() + timeout;

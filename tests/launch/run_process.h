@@ -30,6 +30,8 @@ class Proc {
   ProcResult wait(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   /// Current stdout so far.
   std::string out_so_far() const;
+  /// Current stderr so far.
+  std::string err_so_far() const;
 
  private:
   pid_t pid_ = -1;
