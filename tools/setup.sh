@@ -32,6 +32,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest
   clang                   # the store's libFuzzer target
   iproute2 util-linux     # network- and UTS-namespace tests (ip netns, unshare)
+  nftables                # a namespace host cut off by dropping its packets (heartbeat test)
 )
 
 missing=()

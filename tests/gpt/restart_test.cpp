@@ -10,6 +10,8 @@
 // the same world size, thread count (1) and collective algorithms, so every float
 // operation after the resume is the same operation on the same bits.
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -208,6 +210,9 @@ std::string describe(const ProcResult& r) {
 }
 
 TEST_F(NetnsPair, ACutOffHostIsNamedByHeartbeats) {
+  if (access("/usr/sbin/nft", X_OK) != 0) {
+    GTEST_SKIP() << "nft not installed: install Debian's nftables (tools/setup.sh does)";
+  }
   const int port = 29556;  // each namespace has its own ports
   const std::string dir = tdist::testing::make_temp_dir("gpt-cut");
   const int interval_ms = tdist::testing::env_int("TDIST_HEARTBEAT_TEST_INTERVAL_MS", 200);
