@@ -21,8 +21,8 @@
 
 #include <ATen/ATen.h>
 
+#include "sharded_state.h"
 #include "tdist/checkpoint/async_save.h"
-#include "tdist/store/hash_store.h"
 
 namespace ckpt = tdist::checkpoint;
 namespace fs = std::filesystem;
@@ -67,42 +67,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// `tensors` float32 matrices of 1024 columns, `mib` MiB in all.
-std::vector<at::Tensor> make_full(const Args& a) {
-  const int64_t cols = 1024;
-  const int64_t rows = std::max<int64_t>(1, a.mib * (1 << 20) / 4 / cols / a.tensors);
-  at::manual_seed(3);
-  std::vector<at::Tensor> out;
-  for (int i = 0; i < a.tensors; ++i) out.push_back(at::randn({rows, cols}));
-  return out;
-}
-
-/// rank's dim-0 slice of every tensor (FSDP's even split), a copy.
-tdist::ShardedStateDict shard(const std::vector<at::Tensor>& full, int rank, int world) {
-  tdist::ShardedStateDict out;
-  for (size_t i = 0; i < full.size(); ++i) {
-    const int64_t rows = full[i].size(0);
-    const int64_t per = (rows + world - 1) / world;
-    const int64_t begin = std::min(rows, per * rank), end = std::min(rows, begin + per);
-    out["model.t" + std::to_string(i)] = tdist::ShardedTensor{
-        full[i].narrow(0, begin, end - begin).clone(), full[i].sizes().vec(), {begin, 0}};
-  }
-  return out;
-}
-
-/// Runs fn on `world` threads, each with a fresh coordinator over one HashStore.
-void on_ranks(int world, const std::function<void(int, ckpt::CoordinatorPtr)>& fn) {
-  static int round = 0;
-  auto store = std::make_shared<tdist::HashStore>();
-  const std::string prefix = "bench" + std::to_string(round++);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back(
-        [&, r] { fn(r, std::make_shared<ckpt::StoreCoordinator>(store, r, world, prefix)); });
-  }
-  for (auto& t : threads) t.join();
-}
-
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -114,7 +78,7 @@ double median(std::vector<double> v) {
 
 /// Loads dir at world 1 and counts tensors that differ from `full`.
 int64_t wrong_tensors(const std::string& dir, const std::vector<at::Tensor>& full) {
-  tdist::ShardedStateDict target = shard(full, 0, 1);
+  tdist::ShardedStateDict target = bench::shard_rows(full, 0, 1);
   for (auto& [name, st] : target) st.local.zero_();
   ckpt::load(target, dir,
              ckpt::LoadOptions().coordinator(std::make_shared<ckpt::LocalCoordinator>()));
@@ -128,7 +92,7 @@ int64_t wrong_tensors(const std::string& dir, const std::vector<at::Tensor>& ful
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  std::vector<at::Tensor> full = make_full(a);
+  std::vector<at::Tensor> full = bench::make_full_tensors(a.mib, a.tensors, 3);
   int64_t total = 0;
   for (const auto& t : full) total += t.nbytes();
   std::printf(
@@ -146,10 +110,10 @@ int main(int argc, char** argv) {
     const std::string base = (fs::path(a.dir) / "bench_async_save").string();
     fs::remove_all(base);
     std::vector<tdist::ShardedStateDict> states;
-    for (int r = 0; r < a.world; ++r) states.push_back(shard(full, r, a.world));
+    for (int r = 0; r < a.world; ++r) states.push_back(bench::shard_rows(full, r, a.world));
 
     const auto t_sync = Clock::now();
-    on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
+    bench::on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
       ckpt::save(states[rank], {}, base + "/sync",
                  ckpt::SaveOptions().coordinator(c).fsync(a.fsync));
     });
@@ -157,7 +121,7 @@ int main(int argc, char** argv) {
 
     std::vector<double> stalls(a.world);
     const auto t_async = Clock::now();
-    on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
+    bench::on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr c) {
       const auto t0 = Clock::now();
       const ckpt::SaveFuture future = checkpointers[rank]->save(
           states[rank], {}, base + "/async", ckpt::SaveOptions().coordinator(c).fsync(a.fsync));

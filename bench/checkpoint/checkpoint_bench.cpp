@@ -21,8 +21,8 @@
 
 #include <ATen/ATen.h>
 
+#include "sharded_state.h"
 #include "tdist/checkpoint/checkpoint.h"
-#include "tdist/store/hash_store.h"
 
 namespace ckpt = tdist::checkpoint;
 namespace fs = std::filesystem;
@@ -67,31 +67,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// The full tensors: `tensors` float32 matrices of 1024 columns, `mib` MiB in all.
-std::vector<at::Tensor> make_full(const Args& a) {
-  const int64_t cols = 1024;
-  const int64_t rows = std::max<int64_t>(1, a.mib * (1 << 20) / 4 / cols / a.tensors);
-  at::manual_seed(1);
-  std::vector<at::Tensor> out;
-  for (int i = 0; i < a.tensors; ++i) out.push_back(at::randn({rows, cols}));
-  return out;
-}
-
-/// This rank's dim-0 slice of every tensor (FSDP's even split), a copy or zeros.
-tdist::ShardedStateDict shard(const std::vector<at::Tensor>& full, int rank, int world,
-                              bool zeros) {
-  tdist::ShardedStateDict out;
-  for (size_t i = 0; i < full.size(); ++i) {
-    const int64_t rows = full[i].size(0);
-    const int64_t per = (rows + world - 1) / world;
-    const int64_t begin = std::min(rows, per * rank), end = std::min(rows, begin + per);
-    at::Tensor piece = full[i].narrow(0, begin, end - begin);
-    out["model.t" + std::to_string(i)] = tdist::ShardedTensor{
-        zeros ? at::zeros_like(piece) : piece.clone(), full[i].sizes().vec(), {begin, 0}};
-  }
-  return out;
-}
-
 int64_t wrong_tensors(const tdist::ShardedStateDict& state, const std::vector<at::Tensor>& full) {
   int64_t wrong = 0;
   for (size_t i = 0; i < full.size(); ++i) {
@@ -99,21 +74,6 @@ int64_t wrong_tensors(const tdist::ShardedStateDict& state, const std::vector<at
     wrong += !st.local.equal(full[i].narrow(0, st.offsets[0], st.local.size(0)));
   }
   return wrong;
-}
-
-/// Runs fn on `world` threads, each with a coordinator over one HashStore; wall seconds.
-double on_ranks(int world, const std::function<void(int, ckpt::CoordinatorPtr)>& fn) {
-  static int round = 0;
-  auto store = std::make_shared<tdist::HashStore>();
-  const std::string prefix = "bench" + std::to_string(round++);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back(
-        [&, r] { fn(r, std::make_shared<ckpt::StoreCoordinator>(store, r, world, prefix)); });
-  }
-  for (auto& t : threads) t.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int64_t directory_bytes(const std::string& dir) {
@@ -138,8 +98,8 @@ Timing measure(const Args& a, const std::vector<at::Tensor>& full, int world,
                                 .string();
     fs::remove_all(dir);
     t.save =
-        std::min(t.save, on_ranks(world, [&](int rank, ckpt::CoordinatorPtr c) {
-                   ckpt::save(shard(full, rank, world, false), {}, dir,
+        std::min(t.save, bench::on_ranks(world, [&](int rank, ckpt::CoordinatorPtr c) {
+                   ckpt::save(bench::shard_rows(full, rank, world, false), {}, dir,
                               ckpt::SaveOptions().coordinator(c).fsync(a.fsync).format(format));
                  }));
     t.bytes = directory_bytes(dir);
@@ -151,8 +111,9 @@ Timing measure(const Args& a, const std::vector<at::Tensor>& full, int world,
     for (const Load& l : {Load{world, true, &t.load}, Load{world + 1, true, &t.resharded},
                           Load{world, false, &t.unverified}}) {
       std::vector<tdist::ShardedStateDict> targets;
-      for (int r = 0; r < l.world; ++r) targets.push_back(shard(full, r, l.world, true));
-      const double seconds = on_ranks(l.world, [&](int rank, ckpt::CoordinatorPtr c) {
+      for (int r = 0; r < l.world; ++r)
+        targets.push_back(bench::shard_rows(full, r, l.world, true));
+      const double seconds = bench::on_ranks(l.world, [&](int rank, ckpt::CoordinatorPtr c) {
         ckpt::load(targets[rank], dir, ckpt::LoadOptions().coordinator(c).verify(l.verify));
       });
       for (int r = 0; r < l.world; ++r) t.wrong += wrong_tensors(targets[r], full);
@@ -185,7 +146,7 @@ std::pair<double, double> python_dcp(const Args& a, bool* ok) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  const auto full = make_full(a);
+  const auto full = bench::make_full_tensors(a.mib, a.tensors, 1);
   int64_t total = 0;
   for (const auto& t : full) total += t.nbytes();
   std::printf(
