@@ -6,7 +6,6 @@
 #include <iostream>
 
 #include "checkpoint/agreement.h"
-#include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 
 namespace tdist::checkpoint {
@@ -65,8 +64,7 @@ SaveFuture CheckpointManager::async_save(int64_t step, const ShardedStateDict& s
                                          const ExtraState& extra) {
   TDIST_CHECK_ARG(step >= 0, "CheckpointManager::async_save: step must be >= 0");
   if (!async_) async_ = std::make_unique<AsyncCheckpointer>(options_.coordinator());
-  const bool rank0 = options_.coordinator() ? options_.coordinator()->rank() == 0
-                                            : !tdist::is_initialized() || tdist::get_rank() == 0;
+  const bool rank0 = coordinator()->rank() == 0;
   auto retention = [this, rank0] {
     if (rank0) apply_retention();
   };

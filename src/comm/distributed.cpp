@@ -81,7 +81,7 @@ std::string spec_text(const std::map<std::string, std::string>& spec) {
 }
 
 /// Note [Heartbeats]: on when TDIST_HEARTBEAT_INTERVAL_MS says so and the world's store is a
-/// TCP store (file and user-given stores have no host to lose), over a connection of its own
+/// TCP store (a file or in-process store has no host to lose), over a connection of its own
 /// whose requests time out after the silence that makes a peer lost.
 std::unique_ptr<HeartbeatMonitor> start_heartbeat(const WorldState& state,
                                                   const CommEnvironment& env, int rank,
