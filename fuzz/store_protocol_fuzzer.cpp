@@ -4,7 +4,7 @@
 //    than it was given;
 //  - a frame it accepts re-encodes to exactly the bytes it consumed (the format is canonical,
 //    so nothing in an accepted frame is ignored);
-//  - nothing it accepts breaks the limits.
+//  - nothing it accepts breaks the limits (a multi_set's values count together).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +29,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (key.size() > limits.max_key_bytes) std::abort();
     }
     if (request.op != Op::kAuth && request.value.size() > limits.max_value_bytes) std::abort();
+    // multi_set: one value per key, all of them together within one value's limit.
+    if (request.op == Op::kMultiSet && request.values.size() != request.keys.size()) std::abort();
+    if (request.op != Op::kMultiSet && !request.values.empty()) std::abort();
+    size_t total = 0;
+    for (const auto& value : request.values) total += value.size();
+    if (total > limits.max_value_bytes) std::abort();
     std::vector<uint8_t> again;
     encode_request(request, &again);
     if (again.size() != result.consumed ||

@@ -33,6 +33,12 @@ class StoreError : public Error {
   using Error::Error;
 };
 
+/// A non-blocking Store::queue_pop found its queue empty (c10d's QueueEmptyError).
+class QueueEmptyError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 /// A peer went away or the network failed while a collective was running.
 class NetworkError : public Error {
  public:

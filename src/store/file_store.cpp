@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,8 @@ namespace tdist {
 
 // Note [FileStore format]
 // The file is an append-only log: an 8-byte magic, then records
-//   u8 kind (1 set, 2 delete) | u32 key length | key | u64 value length | value.
+//   u8 kind (1 set, 2 delete, 3 queue push, 4 queue pop) | u32 key length | key |
+//   u64 value length | value (empty for delete and queue pop).
 // Writers append under an exclusive lock; readers replay new records under a shared lock.
 // Locks are fcntl open-file-description locks (F_OFD_SETLK), so two FileStores in one
 // process (ranks as threads) exclude each other too; a mutex covers threads sharing one
@@ -32,6 +34,8 @@ namespace {
 constexpr char kMagic[8] = {'T', 'D', 'I', 'S', 'T', 'F', 'S', '1'};
 constexpr uint8_t kSetRecord = 1;
 constexpr uint8_t kDeleteRecord = 2;
+constexpr uint8_t kQueuePushRecord = 3;
+constexpr uint8_t kQueuePopRecord = 4;
 const std::string kJoinedKey = detail::kReservedKeyPrefix + "joined";
 const std::string kLeftKey = detail::kReservedKeyPrefix + "left";
 
@@ -59,6 +63,8 @@ struct FileStoreState {
   int fd = -1;
   std::mutex mutex;  // threads sharing this FileStore
   std::unordered_map<std::string, std::vector<uint8_t>> data;
+  // Non-empty queues only (a queue popped empty is erased), beside the keys.
+  std::unordered_map<std::string, std::deque<std::vector<uint8_t>>> queues;
   uint64_t offset = 0;  // bytes of the log already replayed into `data`
   size_t reserved = 0;
 
@@ -145,6 +151,33 @@ void write_all(int fd, const std::vector<uint8_t>& bytes, const std::string& pat
                               "); delete it or use a new path, then restart every rank");
 }
 
+// Applies one record to the cache; false for a record the cache cannot take (a pop of an
+// empty queue).
+bool apply(State& s, uint8_t kind, const std::string& key, std::vector<uint8_t> value) {
+  const bool reserved = detail::is_reserved_key(key);
+  switch (kind) {
+    case kSetRecord: {
+      auto [it, inserted] = s.data.insert_or_assign(key, std::move(value));
+      if (inserted && reserved) ++s.reserved;
+      return true;
+    }
+    case kDeleteRecord:
+      if (s.data.erase(key) > 0 && reserved) --s.reserved;
+      return true;
+    case kQueuePushRecord:
+      s.queues[key].push_back(std::move(value));
+      return true;
+    case kQueuePopRecord: {
+      auto it = s.queues.find(key);
+      if (it == s.queues.end()) return false;
+      it->second.pop_front();
+      if (it->second.empty()) s.queues.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 // Brings the cache up to date with the file. Call under a lock.
 void refresh(State& s, const std::string& path) {
   struct stat st {};
@@ -167,20 +200,15 @@ void refresh(State& s, const std::string& path) {
     const uint8_t kind = log[pos];
     const uint32_t key_len = detail::store_proto::get_u32(&log[pos + 1]);
     pos += 5;
-    if (kind != kSetRecord && kind != kDeleteRecord) corrupt(path, "unknown record");
+    if (kind < kSetRecord || kind > kQueuePopRecord) corrupt(path, "unknown record");
     if (log.size() - pos < static_cast<uint64_t>(key_len) + 8) corrupt(path, "truncated key");
     std::string key(reinterpret_cast<const char*>(&log[pos]), key_len);
     pos += key_len;
     const uint64_t value_len = detail::store_proto::get_u64(&log[pos]);
     pos += 8;
     if (log.size() - pos < value_len) corrupt(path, "truncated value");
-    const bool reserved = detail::is_reserved_key(key);
-    if (kind == kSetRecord) {
-      auto [it, inserted] =
-          s.data.insert_or_assign(key, std::vector<uint8_t>(&log[pos], &log[pos] + value_len));
-      if (inserted && reserved) ++s.reserved;
-    } else if (s.data.erase(key) > 0 && reserved) {
-      --s.reserved;
+    if (!apply(s, kind, key, std::vector<uint8_t>(&log[pos], &log[pos] + value_len))) {
+      corrupt(path, "a pop of the empty queue '" + key + "'");
     }
     pos += value_len;
   }
@@ -189,8 +217,8 @@ void refresh(State& s, const std::string& path) {
 
 // Appends one record (and the magic for a new file). Call under the exclusive lock after
 // refresh(), so the file ends where the cache does.
-void append(State& s, const std::string& path, uint8_t kind, const std::string& key,
-            const std::vector<uint8_t>& value) {
+void append_record(State& s, const std::string& path, uint8_t kind, const std::string& key,
+                   const std::vector<uint8_t>& value) {
   std::vector<uint8_t> bytes;
   if (s.offset == 0) bytes.assign(kMagic, kMagic + sizeof(kMagic));
   bytes.push_back(kind);
@@ -200,13 +228,44 @@ void append(State& s, const std::string& path, uint8_t kind, const std::string& 
   bytes.insert(bytes.end(), value.begin(), value.end());
   write_all(s.fd, bytes, path);
   s.offset += bytes.size();
-  const bool reserved = detail::is_reserved_key(key);
-  if (kind == kSetRecord) {
-    auto [it, inserted] = s.data.insert_or_assign(key, value);
-    if (inserted && reserved) ++s.reserved;
-  } else if (s.data.erase(key) > 0 && reserved) {
-    --s.reserved;
+  apply(s, kind, key, value);
+}
+
+bool present(const State& s, const std::string& key) {
+  return s.data.count(key) > 0 || s.queues.count(key) > 0;
+}
+
+// Note [FileStore polling]
+// A file has no change notification that works on every shared file system: blocking calls
+// poll it, backing off from 1 to 20 ms. `attempt` runs under the mutex and a lock (exclusive
+// when it may write) on a refreshed cache and returns true when done; poll returns false
+// when `timeout` (<= 0: none) passed first.
+template <typename Attempt>
+bool poll(State& s, const std::string& path, bool exclusive, std::chrono::milliseconds lock_timeout,
+          std::chrono::milliseconds timeout, Attempt attempt) {
+  const auto deadline = deadline_after(timeout);
+  auto backoff = std::chrono::milliseconds(1);
+  while (true) {
+    {
+      std::lock_guard<std::mutex> guard(s.mutex);
+      FileLock lock(s.fd, exclusive, lock_timeout, path);
+      refresh(s, path);
+      if (attempt()) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(20));
   }
+}
+
+// "a, b" of the keys pred(key) is false for.
+template <typename Pred>
+std::string keys_not(const std::vector<std::string>& keys, Pred pred) {
+  std::string out;
+  for (const auto& key : keys) {
+    if (!pred(key)) out += (out.empty() ? "" : ", ") + key;
+  }
+  return out;
 }
 
 int64_t parse_counter(const State& s, const std::string& key, const std::string& path) {
@@ -227,7 +286,7 @@ int64_t parse_counter(const State& s, const std::string& key, const std::string&
 int64_t add_locked(State& s, const std::string& path, const std::string& key, int64_t value) {
   const int64_t result = static_cast<int64_t>(static_cast<uint64_t>(parse_counter(s, key, path)) +
                                               static_cast<uint64_t>(value));
-  append(s, path, kSetRecord, key, bytes_of(std::to_string(result)));
+  append_record(s, path, kSetRecord, key, bytes_of(std::to_string(result)));
   return result;
 }
 
@@ -280,17 +339,38 @@ void FileStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard<std::mutex> guard(state_->mutex);
   FileLock lock(state_->fd, true, timeout_, path_);
   refresh(*state_, path_);
-  append(*state_, path_, kSetRecord, key, value);
+  append_record(*state_, path_, kSetRecord, key, value);
 }
 
 std::vector<uint8_t> FileStore::get(const std::string& key) {
-  wait({key}, timeout_);
-  std::lock_guard<std::mutex> guard(state_->mutex);
-  auto it = state_->data.find(key);
-  if (it == state_->data.end()) {
-    TDIST_THROW(StoreError, "FileStore::get: key '" + key + "' was deleted while waiting");
+  return values_of("FileStore::get", {key}).front();
+}
+
+std::vector<std::vector<uint8_t>> FileStore::values_of(const char* op,
+                                                       const std::vector<std::string>& keys) {
+  State& s = *state_;
+  auto is_set = [&s](const std::string& key) { return s.data.count(key) > 0; };
+  std::vector<std::vector<uint8_t>> values;
+  // A value, not a queue of the same name, releases a get; the values are read under the
+  // same lock that saw them all, so a delete cannot come between.
+  const bool ok = poll(s, path_, false, timeout_, timeout_, [&] {
+    for (const auto& key : keys) {
+      if (!is_set(key)) return false;
+    }
+    for (const auto& key : keys) values.push_back(s.data.at(key));
+    return true;
+  });
+  if (!ok) {
+    std::string missing;
+    {
+      std::lock_guard<std::mutex> guard(s.mutex);
+      missing = keys_not(keys, is_set);
+    }
+    TDIST_THROW(TimeoutError, std::string(op) + ": keys [" + missing + "] not set within " +
+                                  std::to_string(timeout_.count()) + " ms (file '" + path_ +
+                                  "'); a rank that should set them may be missing or slow");
   }
-  return it->second;
+  return values;
 }
 
 int64_t FileStore::add(const std::string& key, int64_t value) {
@@ -309,7 +389,7 @@ std::vector<uint8_t> FileStore::compare_set(const std::string& key,
   auto it = state_->data.find(key);
   if ((it == state_->data.end() && expected.empty()) ||
       (it != state_->data.end() && it->second == expected)) {
-    append(*state_, path_, kSetRecord, key, desired);
+    append_record(*state_, path_, kSetRecord, key, desired);
     return desired;
   }
   return it == state_->data.end() ? expected : it->second;
@@ -320,7 +400,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
   FileLock lock(state_->fd, false, timeout_, path_);
   refresh(*state_, path_);
   for (const auto& key : keys) {
-    if (state_->data.count(key) == 0) return false;
+    if (!present(*state_, key)) return false;
   }
   return true;
 }
@@ -330,7 +410,7 @@ bool FileStore::delete_key(const std::string& key) {
   FileLock lock(state_->fd, true, timeout_, path_);
   refresh(*state_, path_);
   if (state_->data.count(key) == 0) return false;
-  append(*state_, path_, kDeleteRecord, key, {});
+  append_record(*state_, path_, kDeleteRecord, key, {});
   return true;
 }
 
@@ -342,29 +422,93 @@ int64_t FileStore::num_keys() {
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = deadline_after(timeout);
-  auto backoff = std::chrono::milliseconds(1);
-  while (true) {
+  State& s = *state_;
+  auto is_present = [&s](const std::string& key) { return present(s, key); };
+  const bool ok = poll(s, path_, false, timeout_, timeout, [&] {
+    for (const auto& key : keys) {
+      if (!is_present(key)) return false;
+    }
+    return true;
+  });
+  if (!ok) {
     std::string missing;
     {
-      std::lock_guard<std::mutex> guard(state_->mutex);
-      FileLock lock(state_->fd, false, timeout_, path_);
-      refresh(*state_, path_);
-      for (const auto& key : keys) {
-        if (state_->data.count(key) == 0) missing += (missing.empty() ? "" : ", ") + key;
-      }
+      std::lock_guard<std::mutex> guard(s.mutex);
+      missing = keys_not(keys, is_present);
     }
-    if (missing.empty()) return;
-    if (Clock::now() >= deadline) {
-      TDIST_THROW(TimeoutError, "FileStore::wait: keys [" + missing + "] not set within " +
-                                    std::to_string(timeout.count()) + " ms (file '" + path_ +
-                                    "'); a rank that should set them may be missing or slow");
-    }
-    // A file has no change notification that works on every shared file system: poll it,
-    // backing off to 20 ms.
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(20));
+    TDIST_THROW(TimeoutError, "FileStore::wait: keys [" + missing + "] not set within " +
+                                  std::to_string(timeout.count()) + " ms (file '" + path_ +
+                                  "'); a rank that should set them may be missing or slow");
   }
+}
+
+void FileStore::append(const std::string& key, const std::vector<uint8_t>& value) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  FileLock lock(state_->fd, true, timeout_, path_);
+  refresh(*state_, path_);
+  auto it = state_->data.find(key);
+  std::vector<uint8_t> joined = it == state_->data.end() ? std::vector<uint8_t>{} : it->second;
+  joined.insert(joined.end(), value.begin(), value.end());
+  append_record(*state_, path_, kSetRecord, key, joined);
+}
+
+std::vector<std::vector<uint8_t>> FileStore::multi_get(const std::vector<std::string>& keys) {
+  return values_of("FileStore::multi_get", keys);
+}
+
+void FileStore::multi_set(const std::vector<std::string>& keys,
+                          const std::vector<std::vector<uint8_t>>& values) {
+  check_multi_set_args("FileStore::multi_set", keys, values);
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  FileLock lock(state_->fd, true, timeout_, path_);
+  refresh(*state_, path_);
+  // Readers replay under the shared lock, so they see all of these records or none.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    append_record(*state_, path_, kSetRecord, keys[i], values[i]);
+  }
+}
+
+void FileStore::queue_push(const std::string& key, const std::vector<uint8_t>& value) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  FileLock lock(state_->fd, true, timeout_, path_);
+  refresh(*state_, path_);
+  append_record(*state_, path_, kQueuePushRecord, key, value);
+}
+
+std::vector<uint8_t> FileStore::queue_pop(const std::string& key, bool block,
+                                          std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  std::vector<uint8_t> value;
+  auto take = [&] {
+    auto it = s.queues.find(key);
+    if (it == s.queues.end()) return false;
+    value = it->second.front();
+    append_record(s, path_, kQueuePopRecord, key, {});
+    return true;
+  };
+  if (!block) {
+    std::lock_guard<std::mutex> guard(s.mutex);
+    FileLock lock(s.fd, true, timeout_, path_);
+    refresh(s, path_);
+    if (!take()) TDIST_THROW(QueueEmptyError, "FileStore::queue_pop: queue '" + key + "' is empty");
+    return value;
+  }
+  // Polls under the exclusive lock: the pop is written by whoever saw the item.
+  if (!poll(s, path_, true, timeout_, timeout, take)) {
+    TDIST_THROW(TimeoutError, "FileStore::queue_pop: queue '" + key + "' stayed empty for " +
+                                  std::to_string(timeout.count()) + " ms (file '" + path_ +
+                                  "'); nothing was pushed to it in time (a rank that should "
+                                  "push may be missing or slow, or every item was popped)");
+  }
+  return value;
+}
+
+int64_t FileStore::queue_len(const std::string& key) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  FileLock lock(state_->fd, false, timeout_, path_);
+  refresh(*state_, path_);
+  auto it = state_->queues.find(key);
+  return it == state_->queues.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
 }  // namespace tdist

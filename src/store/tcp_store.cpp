@@ -208,3 +208,86 @@ void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
 }
 
 }  // namespace tdist
+
+namespace tdist {
+
+void TCPStore::append(const std::string& key, const std::vector<uint8_t>& value) {
+  Request r;
+  r.op = Op::kAppend;
+  r.keys = {key};
+  r.value = value;
+  check_reply(client_->call(r, timeout_), "append");
+}
+
+std::vector<std::vector<uint8_t>> TCPStore::multi_get(const std::vector<std::string>& keys) {
+  Request r;
+  r.op = Op::kMultiGet;
+  r.keys = keys;
+  r.number = timeout_.count();
+  auto reply = client_->call(r, timeout_.count() > 0 ? timeout_ + kReplyGrace : timeout_);
+  if (reply.status == Status::kTimeout) {
+    TDIST_THROW(TimeoutError, "TCPStore::multi_get: keys [" + text_of(reply.body) +
+                                  "] not set within " + std::to_string(timeout_.count()) +
+                                  " ms (store at " + client_->where() +
+                                  "); a rank that should set them may be missing or slow");
+  }
+  check_reply(reply, "multi_get");
+  std::vector<std::vector<uint8_t>> values;
+  if (!detail::store_proto::parse_values(reply.body, keys.size(), &values)) {
+    TDIST_THROW(StoreError, "TCPStore::multi_get: bad reply from the store at " + client_->where());
+  }
+  return values;
+}
+
+void TCPStore::multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::vector<uint8_t>>& values) {
+  check_multi_set_args("TCPStore::multi_set", keys, values);
+  Request r;
+  r.op = Op::kMultiSet;
+  r.keys = keys;
+  r.values = values;
+  check_reply(client_->call(r, timeout_), "multi_set");
+}
+
+void TCPStore::queue_push(const std::string& key, const std::vector<uint8_t>& value) {
+  Request r;
+  r.op = Op::kQueuePush;
+  r.keys = {key};
+  r.value = value;
+  check_reply(client_->call(r, timeout_), "queue_push");
+}
+
+std::vector<uint8_t> TCPStore::queue_pop(const std::string& key, bool block,
+                                         std::chrono::milliseconds timeout) {
+  Request r;
+  r.op = Op::kQueuePop;
+  r.keys = {key};
+  // On the wire: 0 waits without limit, a negative timeout does not wait.
+  r.number = !block ? -1 : std::max<int64_t>(timeout.count(), 0);
+  const auto io_timeout = !block ? timeout_ : timeout.count() > 0 ? timeout + kReplyGrace : timeout;
+  auto reply = client_->call(r, io_timeout);
+  if (reply.status == Status::kTimeout) {
+    if (!block) {
+      TDIST_THROW(QueueEmptyError, "TCPStore::queue_pop: queue '" + key + "' is empty (store at " +
+                                       client_->where() + ")");
+    }
+    TDIST_THROW(TimeoutError, "TCPStore::queue_pop: queue '" + key + "' stayed empty for " +
+                                  std::to_string(timeout.count()) + " ms (store at " +
+                                  client_->where() +
+                                  "); nothing was pushed to it in time (a rank that should push "
+                                  "may be missing or slow, or every item was popped)");
+  }
+  check_reply(reply, "queue_pop");
+  return std::move(reply.body);
+}
+
+int64_t TCPStore::queue_len(const std::string& key) {
+  Request r;
+  r.op = Op::kQueueLen;
+  r.keys = {key};
+  auto reply = client_->call(r, timeout_);
+  check_reply(reply, "queue_len");
+  return int_of(reply.body, "queue_len");
+}
+
+}  // namespace tdist

@@ -110,6 +110,15 @@ void TcpStoreClient::check_limits(const Request& request) const {
                                        " (TCPStoreOptions::max_value_bytes)");
     }
   }
+  uint64_t total = 0;
+  for (const auto& value : request.values) total += value.size();
+  if (total > limits_.max_value_bytes) {
+    TDIST_THROW(InvalidArgument, "TCPStore::multi_set: the values come to " +
+                                     std::to_string(total) + " bytes, over the limit of " +
+                                     std::to_string(limits_.max_value_bytes) +
+                                     " for one request (TCPStoreOptions::max_value_bytes); "
+                                     "split the call or raise the limit");
+  }
 }
 
 TcpStoreClient::Reply TcpStoreClient::call(const Request& request,
@@ -136,8 +145,7 @@ TcpStoreClient::Reply TcpStoreClient::call(const Request& request,
   reply.status = static_cast<Status>(header[0]);
   const uint64_t length = store_proto::get_u64(header + 1);
   if (header[0] > static_cast<uint8_t>(Status::kError) ||
-      length > std::max(limits_.max_value_bytes, limits_.max_keys * (limits_.max_key_bytes + 2)) +
-                   64 * 1024) {
+      length > store_proto::max_reply_bytes(request, limits_)) {
     TDIST_THROW(StoreError, what + ": malformed reply from the store");
   }
   reply.body.resize(length);

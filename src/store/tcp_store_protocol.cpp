@@ -1,5 +1,6 @@
 #include "store/tcp_store_protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace tdist::detail::store_proto {
@@ -42,9 +43,57 @@ uint64_t max_body_bytes(uint8_t op, const Limits& limits) {
     case Op::kNumKeys:
       return 0;
     case Op::kWait:
+    case Op::kMultiGet:
       return 4 + static_cast<uint64_t>(limits.max_keys) * key + 8;
+    case Op::kAppend:
+    case Op::kQueuePush:
+      return key + value;
+    case Op::kMultiSet:
+      // Every key with its length prefix, the values' length prefixes, one value's bytes.
+      return 4 + static_cast<uint64_t>(limits.max_keys) * (key + 8) + limits.max_value_bytes;
+    case Op::kQueuePop:
+      return key + 8;
+    case Op::kQueueLen:
+      return key;
   }
   return 0;
+}
+
+uint64_t max_reply_bytes(const Request& request, const Limits& limits) {
+  // Error replies carry a message; leave room for one beside a value.
+  constexpr uint64_t kSlack = 64 * 1024;
+  const uint64_t value = 8 + static_cast<uint64_t>(limits.max_value_bytes);
+  if (request.op == Op::kMultiGet) return 4 + request.keys.size() * value + kSlack;
+  // A timed-out wait names its missing keys.
+  return std::max<uint64_t>(value, limits.max_keys * (limits.max_key_bytes + 2)) + kSlack;
+}
+
+std::vector<uint8_t> encode_values(const std::vector<const std::vector<uint8_t>*>& values) {
+  std::vector<uint8_t> out;
+  put_u32(static_cast<uint32_t>(values.size()), &out);
+  for (const auto* v : values) {
+    put_u64(v->size(), &out);
+    out.insert(out.end(), v->begin(), v->end());
+  }
+  return out;
+}
+
+bool parse_values(const std::vector<uint8_t>& body, size_t count,
+                  std::vector<std::vector<uint8_t>>* out) {
+  if (body.size() < 4 || get_u32(body.data()) != count) return false;
+  size_t pos = 4;
+  out->clear();
+  out->reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (body.size() - pos < 8) return false;
+    const uint64_t n = get_u64(body.data() + pos);
+    pos += 8;
+    if (body.size() - pos < n) return false;
+    out->emplace_back(body.begin() + static_cast<std::ptrdiff_t>(pos),
+                      body.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+  }
+  return pos == body.size();
 }
 
 namespace {
@@ -111,6 +160,7 @@ bool parse_body(Op op, Reader& r, const Limits& limits, Request* out) {
   out->keys.clear();
   out->value.clear();
   out->expected.clear();
+  out->values.clear();
   out->number = 0;
   uint64_t number = 0;
   auto one_key = [&] {
@@ -124,6 +174,7 @@ bool parse_body(Op op, Reader& r, const Limits& limits, Request* out) {
       return one_key() && r.value(limits.max_value_bytes, &out->value) && r.done();
     case Op::kGet:
     case Op::kAdd:
+    case Op::kQueuePop:
       if (!one_key() || !r.u64(&number)) return false;
       out->number = static_cast<int64_t>(number);
       return r.done();
@@ -131,11 +182,30 @@ bool parse_body(Op op, Reader& r, const Limits& limits, Request* out) {
       return one_key() && r.value(limits.max_value_bytes, &out->expected) &&
              r.value(limits.max_value_bytes, &out->value) && r.done();
     case Op::kDelete:
+    case Op::kQueueLen:
       return one_key() && r.done();
+    case Op::kAppend:
+    case Op::kQueuePush:
+      return one_key() && r.value(limits.max_value_bytes, &out->value) && r.done();
+    case Op::kMultiSet: {
+      uint32_t n;
+      if (!r.u32(&n)) return false;
+      if (n > limits.max_keys) return false;
+      uint64_t total = 0;
+      for (uint32_t i = 0; i < n; ++i) {
+        out->values.emplace_back();
+        if (!one_key() || !r.value(limits.max_value_bytes - total, &out->values.back())) {
+          return false;
+        }
+        total += out->values.back().size();
+      }
+      return r.done();
+    }
     case Op::kNumKeys:
       return r.done();
     case Op::kCheck:
-    case Op::kWait: {
+    case Op::kWait:
+    case Op::kMultiGet: {
       uint32_t n;
       if (!r.u32(&n)) return false;
       if (n > limits.max_keys) {
@@ -145,7 +215,7 @@ bool parse_body(Op op, Reader& r, const Limits& limits, Request* out) {
       for (uint32_t i = 0; i < n; ++i) {
         if (!one_key()) return false;
       }
-      if (op == Op::kWait) {
+      if (op != Op::kCheck) {
         if (!r.u64(&number)) return false;
         out->number = static_cast<int64_t>(number);
       }
@@ -213,8 +283,24 @@ void encode_request(const Request& request, std::vector<uint8_t>* out) {
       break;
     case Op::kGet:
     case Op::kAdd:
+    case Op::kQueuePop:
       put_key(key, &body);
       put_u64(static_cast<uint64_t>(request.number), &body);
+      break;
+    case Op::kAppend:
+    case Op::kQueuePush:
+      put_key(key, &body);
+      put_value(request.value, &body);
+      break;
+    case Op::kQueueLen:
+      put_key(key, &body);
+      break;
+    case Op::kMultiSet:
+      put_u32(static_cast<uint32_t>(request.keys.size()), &body);
+      for (size_t i = 0; i < request.keys.size(); ++i) {
+        put_key(request.keys[i], &body);
+        put_value(i < request.values.size() ? request.values[i] : std::vector<uint8_t>{}, &body);
+      }
       break;
     case Op::kCompareSet:
       put_key(key, &body);
@@ -228,9 +314,10 @@ void encode_request(const Request& request, std::vector<uint8_t>* out) {
       break;
     case Op::kCheck:
     case Op::kWait:
+    case Op::kMultiGet:
       put_u32(static_cast<uint32_t>(request.keys.size()), &body);
       for (const auto& k : request.keys) put_key(k, &body);
-      if (request.op == Op::kWait) put_u64(static_cast<uint64_t>(request.number), &body);
+      if (request.op != Op::kCheck) put_u64(static_cast<uint64_t>(request.number), &body);
       break;
   }
   out->push_back(static_cast<uint8_t>(request.op));

@@ -35,27 +35,37 @@ enum class Op : uint8_t {
   kCheck = 6,
   kDelete = 7,
   kNumKeys = 8,
-  kWait = 9,  // body: keys | i64 timeout ms
+  kWait = 9,        // body: keys | i64 timeout ms
+  kAppend = 10,     // body: key | value; reply empty
+  kMultiGet = 11,   // body: keys | i64 timeout ms; parked like wait; reply: u32 n | n values
+  kMultiSet = 12,   // body: u32 n | n x (key | value); all set in one step
+  kQueuePush = 13,  // body: key | value
+  kQueuePop = 14,   // body: key | i64 timeout ms (0: none, < 0: do not wait); reply: value
+  kQueueLen = 15,   // body: key; reply: u64 length
 };
 
 enum class Status : uint8_t {
   kOk = 0,
-  kTimeout = 1,  // body: the missing keys, comma separated
+  kTimeout = 1,  // body: the missing keys, comma separated (queue pop: its queue was empty)
   kError = 2,    // body: a message
 };
 
 struct Limits {
   size_t max_key_bytes = 4096;
   size_t max_value_bytes = 256 * 1024 * 1024;
-  size_t max_keys = 1024;  // keys in one check/wait
+  size_t max_keys = 1024;  // keys in one check/wait/multi_get/multi_set
+  // A multi_set's values together are held to max_value_bytes, as one set's value is.
 };
 
 struct Request {
   Op op = Op::kNumKeys;
-  std::vector<std::string> keys;  // one for set/get/add/cas/delete, several for check/wait
-  std::vector<uint8_t> value;     // set: value; cas: desired; auth: client nonce + mac
+  // One for set/get/add/cas/delete/append/queue ops, several for check/wait/multi_get/
+  // multi_set.
+  std::vector<std::string> keys;
+  std::vector<uint8_t> value;     // set/append/queue push: value; cas: desired; auth: nonce + mac
   std::vector<uint8_t> expected;  // cas
-  int64_t number = 0;             // add: amount; get/wait: timeout in ms
+  std::vector<std::vector<uint8_t>> values;  // multi_set: one per key
+  int64_t number = 0;  // add: amount; get/wait/multi_get/queue pop: timeout in ms
 };
 
 enum class ParseStatus { kOk, kNeedMore, kMalformed };
@@ -76,6 +86,15 @@ ParseResult parse_request(const uint8_t* data, size_t size, const Limits& limits
 
 /// Appends the frame for `request` to out (the inverse of parse_request).
 void encode_request(const Request& request, std::vector<uint8_t>* out);
+
+/// Largest reply body a request may get under `limits` (the client refuses larger ones).
+uint64_t max_reply_bytes(const Request& request, const Limits& limits);
+
+/// A multi_get reply body: u32 count | count x (u64 length | bytes).
+std::vector<uint8_t> encode_values(const std::vector<const std::vector<uint8_t>*>& values);
+/// False if the body is not exactly `count` values.
+bool parse_values(const std::vector<uint8_t>& body, size_t count,
+                  std::vector<std::vector<uint8_t>>* out);
 
 /// Appends a response frame.
 void encode_response(Status status, const uint8_t* body, size_t size, std::vector<uint8_t>* out);

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <unordered_map>
 
@@ -39,7 +40,7 @@ struct Connection {
   bool authenticated = false;
   std::vector<uint8_t> server_nonce;
   Deadline handshake_deadline = Deadline::max();
-  // A parked get/wait: served when its keys exist or its deadline passes.
+  // A parked get/wait/multi_get/queue pop: served when it can be or its deadline passes.
   bool parked = false;
   Request pending;
   Deadline pending_deadline = Deadline::max();
@@ -67,6 +68,8 @@ struct TcpStoreServer::State {
   std::string secret;
   store_proto::Limits limits;
   std::unordered_map<std::string, std::vector<uint8_t>> data;
+  // Non-empty queues only (a queue popped empty is erased), beside the keys.
+  std::unordered_map<std::string, std::deque<std::vector<uint8_t>>> queues;
   size_t reserved_keys = 0;
   std::unordered_map<int, Connection> conns;  // by fd
 
@@ -79,28 +82,48 @@ struct TcpStoreServer::State {
     if (inserted && is_reserved_key(key)) ++reserved_keys;
   }
 
-  bool all_present(const std::vector<std::string>& keys) const {
-    for (const auto& k : keys) {
-      if (data.count(k) == 0) return false;
+  // What check and wait look for: a value or a non-empty queue (c10d's TCPStore). get and
+  // multi_get want values.
+  bool present(const std::string& key, Op op) const {
+    if (data.count(key) > 0) return true;
+    return (op == Op::kCheck || op == Op::kWait) && queues.count(key) > 0;
+  }
+
+  bool all_present(const Request& request) const {
+    for (const auto& k : request.keys) {
+      if (!present(k, request.op)) return false;
     }
     return true;
   }
 
-  std::string missing(const std::vector<std::string>& keys) const {
+  std::string missing(const Request& request) const {
     std::string out;
-    for (const auto& k : keys) {
-      if (data.count(k) == 0) out += (out.empty() ? "" : ", ") + k;
+    for (const auto& k : request.keys) {
+      if (!present(k, request.op)) out += (out.empty() ? "" : ", ") + k;
     }
     return out;
   }
 
   // Answers a parked request if it can be answered now.
   bool try_finish(Connection& c) {
-    if (!all_present(c.pending.keys)) return false;
-    if (c.pending.op == Op::kGet) {
-      respond(c, Status::kOk, data.at(c.pending.keys.front()));
+    const Request& r = c.pending;
+    if (r.op == Op::kQueuePop) {
+      auto it = queues.find(r.keys.front());
+      if (it == queues.end()) return false;
+      respond(c, Status::kOk, it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) queues.erase(it);
     } else {
-      respond(c, Status::kOk);
+      if (!all_present(r)) return false;
+      if (r.op == Op::kGet) {
+        respond(c, Status::kOk, data.at(r.keys.front()));
+      } else if (r.op == Op::kMultiGet) {
+        std::vector<const std::vector<uint8_t>*> values;
+        for (const auto& k : r.keys) values.push_back(&data.at(k));
+        respond(c, Status::kOk, store_proto::encode_values(values));
+      } else {
+        respond(c, Status::kOk);
+      }
     }
     c.parked = false;
     return true;
@@ -112,6 +135,11 @@ struct TcpStoreServer::State {
     c.parked = true;
   }
 
+  std::vector<uint8_t> expired_body(const Request& request) const {
+    return request.op == Op::kQueuePop ? bytes_of(request.keys.front())
+                                       : bytes_of(missing(request));
+  }
+
   void wake_parked() {
     for (auto& [fd, c] : conns) {
       if (c.parked) try_finish(c);
@@ -121,7 +149,7 @@ struct TcpStoreServer::State {
   void expire_parked(Deadline now) {
     for (auto& [fd, c] : conns) {
       if (c.parked && c.pending_deadline <= now) {
-        respond(c, Status::kTimeout, bytes_of(missing(c.pending.keys)));
+        respond(c, Status::kTimeout, expired_body(c.pending));
         c.parked = false;
       }
     }
@@ -163,9 +191,47 @@ struct TcpStoreServer::State {
         return;
       case Op::kGet:
       case Op::kWait:
+      case Op::kMultiGet:
+      case Op::kQueuePop: {
+        // A queue pop with a negative timeout does not wait: an empty queue answers at once.
+        const bool wait = request.op != Op::kQueuePop || request.number >= 0;
         park(c, std::move(request));
-        try_finish(c);
+        if (!try_finish(c) && !wait) {
+          c.parked = false;
+          respond(c, Status::kTimeout, expired_body(c.pending));
+        }
         return;
+      }
+      case Op::kAppend: {
+        auto it = data.find(key);
+        if (it == data.end()) {
+          put(key, std::move(request.value));
+        } else {
+          it->second.insert(it->second.end(), request.value.begin(), request.value.end());
+        }
+        respond(c, Status::kOk);
+        wake_parked();
+        return;
+      }
+      case Op::kMultiSet:
+        for (size_t i = 0; i < request.keys.size(); ++i) {
+          put(request.keys[i], std::move(request.values[i]));
+        }
+        respond(c, Status::kOk);
+        wake_parked();
+        return;
+      case Op::kQueuePush:
+        queues[key].push_back(std::move(request.value));
+        respond(c, Status::kOk);
+        wake_parked();
+        return;
+      case Op::kQueueLen: {
+        auto it = queues.find(key);
+        std::vector<uint8_t> body;
+        store_proto::put_u64(it == queues.end() ? 0 : it->second.size(), &body);
+        respond(c, Status::kOk, body);
+        return;
+      }
       case Op::kAdd: {
         int64_t current = 0;
         auto it = data.find(key);
@@ -196,7 +262,7 @@ struct TcpStoreServer::State {
         return;
       }
       case Op::kCheck:
-        respond(c, Status::kOk, {static_cast<uint8_t>(all_present(request.keys) ? 1 : 0)});
+        respond(c, Status::kOk, {static_cast<uint8_t>(all_present(request) ? 1 : 0)});
         return;
       case Op::kDelete: {
         bool existed = data.erase(key) > 0;

@@ -42,6 +42,35 @@ TEST(StoreProtocol, RoundTripsEveryOp) {
   requests[7].number = 50;
   requests[8].op = Op::kAuth;
   requests[8].value.assign(kNonceBytes + kMacBytes, 0xab);
+  Request r;
+  r.op = Op::kAppend;
+  r.keys = {"ap"};
+  r.value = {4, 5};
+  requests.push_back(r);
+  r = Request();
+  r.op = Op::kMultiGet;
+  r.keys = {"m1", "", "m3"};
+  r.number = 77;
+  requests.push_back(r);
+  r = Request();
+  r.op = Op::kMultiSet;
+  r.keys = {"s1", "s2"};
+  r.values = {{1}, {}};
+  requests.push_back(r);
+  r = Request();
+  r.op = Op::kQueuePush;
+  r.keys = {"q"};
+  r.value = {0, 1};
+  requests.push_back(r);
+  r = Request();
+  r.op = Op::kQueuePop;
+  r.keys = {"q"};
+  r.number = -1;  // do not wait
+  requests.push_back(r);
+  r = Request();
+  r.op = Op::kQueueLen;
+  r.keys = {"q"};
+  requests.push_back(r);
   for (const auto& r : requests) {
     auto bytes = frame_of(r);
     // Every strict prefix is incomplete, never malformed.
@@ -58,8 +87,44 @@ TEST(StoreProtocol, RoundTripsEveryOp) {
     EXPECT_EQ(out.keys, r.keys);
     EXPECT_EQ(out.value, r.value);
     EXPECT_EQ(out.expected, r.expected);
+    EXPECT_EQ(out.values, r.values);
     EXPECT_EQ(out.number, r.number);
   }
+}
+
+TEST(StoreProtocol, MultiSetValuesTogetherAreHeldToTheValueLimit) {
+  Limits limits;
+  limits.max_value_bytes = 16;
+  Request r;
+  r.op = Op::kMultiSet;
+  r.keys = {"a", "b"};
+  r.values = {std::vector<uint8_t>(8, 1), std::vector<uint8_t>(8, 2)};
+  auto bytes = frame_of(r);
+  Request out;
+  EXPECT_EQ(parse_request(bytes.data(), bytes.size(), limits, &out).status, ParseStatus::kOk);
+  r.values[1].push_back(3);  // 17 bytes in all
+  bytes = frame_of(r);
+  EXPECT_EQ(parse_request(bytes.data(), bytes.size(), limits, &out).status,
+            ParseStatus::kMalformed);
+  limits.max_keys = 1;
+  r.values[1].pop_back();
+  bytes = frame_of(r);
+  EXPECT_EQ(parse_request(bytes.data(), bytes.size(), limits, &out).status,
+            ParseStatus::kMalformed);
+}
+
+TEST(StoreProtocol, MultiGetReplyRoundTripsAndRejectsWrongCounts) {
+  const std::vector<uint8_t> a{1, 2}, b{}, c{3};
+  auto body = encode_values({&a, &b, &c});
+  std::vector<std::vector<uint8_t>> out;
+  ASSERT_TRUE(parse_values(body, 3, &out));
+  EXPECT_EQ(out, (std::vector<std::vector<uint8_t>>{a, b, c}));
+  EXPECT_FALSE(parse_values(body, 2, &out));
+  body.push_back(0);
+  EXPECT_FALSE(parse_values(body, 3, &out));
+  body.resize(body.size() - 2);
+  EXPECT_FALSE(parse_values(body, 3, &out));
+  EXPECT_FALSE(parse_values({}, 0, &out));
 }
 
 TEST(StoreProtocol, RejectsHugeLengthPrefixAtOnce) {
@@ -134,7 +199,7 @@ TEST(StoreProtocol, RandomBytesNeverCrashOrOverconsume) {
   for (int i = 0; i < 20000; ++i) {
     std::vector<uint8_t> bytes(rng() % 64);
     for (auto& b : bytes) b = static_cast<uint8_t>(rng());
-    if (!bytes.empty() && i % 2 == 0) bytes[0] = static_cast<uint8_t>(1 + rng() % 9);
+    if (!bytes.empty() && i % 2 == 0) bytes[0] = static_cast<uint8_t>(1 + rng() % 15);
     Request out;
     auto result = parse_request(bytes.data(), bytes.size(), limits, &out);
     if (result.status == ParseStatus::kOk) {

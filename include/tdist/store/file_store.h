@@ -30,12 +30,26 @@ class FileStore : public Store {
   bool delete_key(const std::string& key) override;
   int64_t num_keys() override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  void append(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<std::vector<uint8_t>> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::vector<uint8_t>>& values) override;
+  void queue_push(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> queue_pop(const std::string& key, bool block,
+                                 std::chrono::milliseconds timeout) override;
+  int64_t queue_len(const std::string& key) override;
+  using Store::append;
+  using Store::multi_set;
+  using Store::queue_pop;
+  using Store::queue_push;
   using Store::set;
   using Store::wait;
 
   const std::string& path() const { return path_; }
 
  private:
+  /// Waits up to the store's timeout for every key's value (queues do not count).
+  std::vector<std::vector<uint8_t>> values_of(const char* op, const std::vector<std::string>& keys);
   std::string path_;
   int num_workers_;
   std::unique_ptr<detail::FileStoreState> state_;
