@@ -20,6 +20,7 @@
 #include "tdist/optim/implementation.h"
 #include "tdist/optim/sgd.h"
 #include "tdist/mesh/device_mesh.h"
+#include "tdist/tensor/dtensor.h"
 #include "tdist/join/join.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
