@@ -21,6 +21,7 @@
 #include "tdist/optim/sgd.h"
 #include "tdist/mesh/device_mesh.h"
 #include "tdist/tensor/dtensor.h"
+#include "tdist/tensor/parallel/parallelize.h"
 #include "tdist/join/join.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
