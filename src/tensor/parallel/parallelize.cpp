@@ -19,6 +19,11 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::unordered_map<const torch::nn::Module*, std::shared_ptr<TPState>> states;
+  // Parameters by TensorImpl: FSDP and optimizers keep the parameter object and change only
+  // its data, so the impl names the parameter for as long as it lives.
+  std::unordered_map<const c10::TensorImpl*,
+                     std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, ParameterPlacement>>
+      parameters;
 };
 
 Registry& registry() {
@@ -82,6 +87,16 @@ void check_mesh(const mesh::DeviceMesh& mesh) {
 
 }  // namespace
 
+void record_placement(const at::Tensor& param, const mesh::DeviceMesh& mesh,
+                      const ParameterLayout& layout) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.parameters.insert_or_assign(
+      param.unsafeGetTensorImpl(),
+      std::make_pair(c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr()),
+                     ParameterPlacement{mesh, layout.placements, layout.global_shape}));
+}
+
 TPState& state_of(const torch::nn::Module& module, const char* caller) {
   const std::shared_ptr<TPState> state = find_state(module);
   TDIST_CHECK_ARG(state != nullptr, std::string("tdist::tensor::parallel::") + caller + ": " +
@@ -117,6 +132,18 @@ void parallelize_module(const std::shared_ptr<torch::nn::Module>& module,
                         const mesh::DeviceMesh& mesh, const StyleRef& style) {
   detail::check_mesh(mesh);
   detail::apply_style(module, "", mesh, style);
+}
+
+std::optional<ParameterPlacement> parameter_placement(const at::Tensor& param) {
+  detail::Registry& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.parameters.find(param.unsafeGetTensorImpl());
+  if (it == r.parameters.end()) return std::nullopt;
+  if (it->second.first.expired()) {  // another tensor now lives at that address
+    r.parameters.erase(it);
+    return std::nullopt;
+  }
+  return it->second.second;
 }
 
 std::shared_ptr<const ParallelStyle> style_of(const torch::nn::Module& module) {

@@ -71,6 +71,7 @@ void distribute_parameter(TPState& state, torch::nn::Module& module, const std::
     param->set_data(d.to_local());
   }
   state.parameters[name] = ParameterLayout{d.placements(), d.shape()};
+  record_placement(*param, state.mesh, state.parameters[name]);
 }
 
 // SequenceParallel's parameters stay whole; computing on a sequence shard gives each rank a
@@ -91,6 +92,7 @@ void all_reduce_gradients_of(TPState& state, torch::nn::Module& module) {
       return summed;
     });
     state.parameters[item.key()] = ParameterLayout{{Replicate()}, param.sizes().vec()};
+    record_placement(param, state.mesh, state.parameters[item.key()]);
   }
 }
 

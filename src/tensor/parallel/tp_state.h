@@ -37,6 +37,10 @@ class TPState {
   std::map<std::string, ParameterLayout> parameters;
 };
 
+/// Records where `param` lies, for parameter_placement.
+void record_placement(const at::Tensor& param, const mesh::DeviceMesh& mesh,
+                      const ParameterLayout& layout);
+
 /// Shards `module`'s parameters as `state.style` says and records their layouts.
 void partition(TPState& state, torch::nn::Module& module);
 

@@ -7,8 +7,10 @@
 //   `q = q_proj(x)` becomes `q = tdist::tensor::parallel::forward(q_proj, x)`.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -32,6 +34,18 @@ void parallelize_module(const std::shared_ptr<torch::nn::Module>& module,
 /// A parameter of a parallelized module (its local shard is the module's parameter) as the
 /// DTensor it is part of: name as in named_parameters(), e.g. "weight".
 DTensor parameter_dtensor(const torch::nn::Module& module, const std::string& name);
+
+/// Where a parameter that parallelize_module distributed lies: the tensor-parallel mesh, its
+/// placements there and its global shape. FSDP's gradient clipping reads it to sum a
+/// sharded parameter's norm over the tensor-parallel ranks too (and a replicated one's not).
+struct ParameterPlacement {
+  mesh::DeviceMesh mesh;
+  Placements placements;
+  std::vector<int64_t> global_shape;
+};
+/// The placement of `param` (the module's parameter object itself, whatever FSDP later did
+/// to its data), or nullopt when no style distributed it.
+std::optional<ParameterPlacement> parameter_placement(const at::Tensor& param);
 
 /// The style applied to `module`, or nullptr.
 std::shared_ptr<const ParallelStyle> style_of(const torch::nn::Module& module);
