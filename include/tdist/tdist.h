@@ -45,3 +45,4 @@
 #include "tdist/models/llama.h"
 #include "tdist/models/pretrained.h"
 #include "tdist/models/rotary.h"
+#include "tdist/models/tensor_parallel.h"

@@ -7,12 +7,20 @@
 #include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/models/rotary.h"
+#include "tdist/tensor/parallel/parallelize.h"
 
 namespace tdist::models {
 namespace {
 
 torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// A projection, through its tensor-parallel style when apply_tensor_parallel gave it one.
+template <class Holder>
+at::Tensor project(Holder& module, const at::Tensor& x) {
+  if (tensor::parallel::style_of(*module) != nullptr) return tensor::parallel::forward(module, x);
+  return module->forward(x);
 }
 
 }  // namespace
@@ -32,17 +40,18 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelConfig& c, int64_t layer_index
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const LayerContext& context) {
   const int64_t b = x.size(0), t = x.size(1);
-  auto heads = [&](const at::Tensor& y, int64_t n) {
-    return y.view({b, t, n, head_dim_}).transpose(1, 2);  // [B, n, T, D]
+  // Counted from the projection: under tensor parallelism each rank holds a share of heads.
+  auto heads = [&](const at::Tensor& y) {
+    return y.view({b, t, y.size(-1) / head_dim_, head_dim_}).transpose(1, 2);  // [B, n, T, D]
   };
-  const at::Tensor q = apply_rotary(heads(q_proj->forward(x), heads_), context.cos, context.sin);
+  const at::Tensor q = apply_rotary(heads(project(q_proj, x)), context.cos, context.sin);
   const auto [k, v] = context.keys_values(
-      layer_index_, apply_rotary(heads(k_proj->forward(x), kv_heads_), context.cos, context.sin),
-      heads(v_proj->forward(x), kv_heads_));
+      layer_index_, apply_rotary(heads(project(k_proj, x)), context.cos, context.sin),
+      heads(project(v_proj, x)));
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   const at::Tensor y =
       causal_attention(q, k, v, context, window_, is_training() ? dropout_ : 0.0, scale);
-  return o_proj->forward(y);
+  return project(o_proj, y);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const ModelConfig& c) : act_(c.hidden_act) {
@@ -52,7 +61,7 @@ LlamaMLPImpl::LlamaMLPImpl(const ModelConfig& c) : act_(c.hidden_act) {
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(activation(act_, gate_proj->forward(x)) * up_proj->forward(x));
+  return project(down_proj, activation(act_, project(gate_proj, x)) * project(up_proj, x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelConfig& c, int64_t layer_index) {
@@ -93,7 +102,7 @@ std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLM::layers() const
 }
 
 at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids, KVCache* cache) {
-  at::Tensor x = model->embed_tokens->forward(input_ids);
+  at::Tensor x = project(model->embed_tokens, input_ids);
   const int64_t length = input_ids.size(1);
   LayerContext context = layer_context(cache);
   std::tie(context.cos, context.sin) =
@@ -107,7 +116,7 @@ at::Tensor LlamaForCausalLM::logits(const at::Tensor& input_ids, KVCache* cache)
                                    : fsdp::forward(layer, x, context);
   }
   x = model->norm->forward(x);
-  return lm_head ? lm_head->forward(x) : at::linear(x, model->embed_tokens->weight);
+  return lm_head ? project(lm_head, x) : at::linear(x, model->embed_tokens->weight);
 }
 
 }  // namespace tdist::models

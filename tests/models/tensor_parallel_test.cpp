@@ -1,0 +1,170 @@
+// Tensor parallelism on the Llama-like families against the same model in one process:
+// logits and gradients at tp 2 and 3 (grouped-query heads, head_dim unlike hidden / heads,
+// uneven MLP shards, Qwen2's q/k/v biases), and 2-D (FSDP over dp, tensor parallelism over
+// tp) training steps with a clipped gradient norm at world 4.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/ranks.h"
+#include "tdist/comm/distributed.h"
+#include "tdist/error.h"
+#include "tdist/fsdp/clip_grad.h"
+#include "tdist/fsdp/forward.h"
+#include "tdist/mesh/device_mesh.h"
+#include "tdist/models/config.h"
+#include "tdist/models/pretrained.h"
+#include "tdist/models/tensor_parallel.h"
+
+namespace {
+
+using namespace tdist::testing;
+namespace models = tdist::models;
+
+int world_size() {
+  return env_int("WORLD_SIZE", 1);
+}
+
+// Heads divide 2 (qwen2) or 3 (llama); both have head_dim 10 with hidden 48.
+std::string config_json(const std::string& family) {
+  if (family == "qwen2") {
+    return R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 61,
+      "hidden_size": 48, "intermediate_size": 42, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 10,
+      "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+      "tie_word_embeddings": false, "torch_dtype": "float32"})";
+  }
+  return R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 61,
+    "hidden_size": 48, "intermediate_size": 40, "num_hidden_layers": 2,
+    "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 10,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "torch_dtype": "float32"})";
+}
+
+std::shared_ptr<models::CausalLM> build(const models::ModelConfig& config) {
+  torch::manual_seed(41);
+  auto model = models::build_model(config);
+  model->to(torch::kDouble);
+  return model;
+}
+
+at::Tensor chunk_of(const at::Tensor& t, int64_t dim, int64_t parts, int64_t index) {
+  const auto chunks = t.chunk(parts, dim);
+  return index < static_cast<int64_t>(chunks.size()) ? chunks[index] : t.narrow(dim, 0, 0);
+}
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined()) << what;
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  EXPECT_TRUE(torch::allclose(a, b, 1e-9, 1e-9))
+      << what << ": max difference " << (a - b).abs().max().item<double>();
+}
+
+at::Tensor grad_of(const models::CausalLM& model, const std::string& name) {
+  const auto params = model.named_parameters();
+  return params.find(name)->grad();
+}
+
+TDIST_SCENARIO(tensor_parallel_logits) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json(env_str("FAMILY")));
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
+  auto ref = build(config), model = build(config);
+  models::apply_tensor_parallel(model, mesh);
+  const at::Tensor ids = torch::tensor({{3, 17, 60, 5, 9, 0, 41}, {8, 8, 2, 33, 59, 1, 12}});
+  const at::Tensor weights = torch::linspace(-1, 1, 2 * 7 * 61, torch::kDouble).view({2, 7, 61});
+  const at::Tensor ref_logits = ref->forward(ids);
+  (ref_logits * weights).sum().backward();
+  const at::Tensor logits = model->forward(ids);
+  expect_close(logits, ref_logits, "logits");
+  (logits * weights).sum().backward();
+  const int64_t k = world_size(), r = tdist::get_rank();
+  for (const std::string name :
+       {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}) {
+    expect_close(grad_of(*model, name), chunk_of(grad_of(*ref, name), 0, k, r), name);
+  }
+  expect_close(grad_of(*model, "model.embed_tokens.weight"),
+               chunk_of(grad_of(*ref, "model.embed_tokens.weight"), 0, k, r), "embed_tokens");
+  expect_close(grad_of(*model, "model.layers.1.self_attn.o_proj.weight"),
+               chunk_of(grad_of(*ref, "model.layers.1.self_attn.o_proj.weight"), 1, k, r),
+               "o_proj");
+  expect_close(grad_of(*model, "model.layers.0.input_layernorm.weight"),
+               grad_of(*ref, "model.layers.0.input_layernorm.weight"), "norm (replicated)");
+  if (config.family == models::ModelFamily::kQwen2) {
+    expect_close(grad_of(*model, "model.layers.0.self_attn.v_proj.bias"),
+                 chunk_of(grad_of(*ref, "model.layers.0.self_attn.v_proj.bias"), 0, k, r),
+                 "v bias");
+  }
+  tdist::destroy_process_group();
+}
+
+// FSDP over dp of tensor-parallel decoder layers: three clipped AdamW steps.
+TDIST_SCENARIO(two_d_llama) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json("qwen2"));
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto ref = build(config), model = build(config);
+  models::apply_tensor_parallel(model, mesh["tp"]);
+  models::fully_shard_model(model, tdist::fsdp::FullyShardOptions().mesh(mesh["dp"]));
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  const int64_t dp_rank = mesh.get_local_rank("dp");
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(70 + step);
+    const at::Tensor ids = torch::randint(0, 61, {4, 9});
+    const at::Tensor labels = torch::randint(0, 61, {4, 9});
+    const at::Tensor ref_loss =
+        torch::nn::functional::cross_entropy(ref->forward(ids).flatten(0, 1), labels.flatten());
+    ref_loss.backward();
+    const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+    ref_opt.step();
+    ref_opt.zero_grad();
+
+    const at::Tensor rows = ids.narrow(0, 2 * dp_rank, 2);
+    const at::Tensor loss =
+        torch::nn::functional::cross_entropy(tdist::fsdp::forward(model, rows).flatten(0, 1),
+                                             labels.narrow(0, 2 * dp_rank, 2).flatten());
+    loss.backward();
+    const double norm = tdist::fsdp::clip_grad_norm_(*model, 0.5).item<double>();
+    opt.step();
+    opt.zero_grad();
+    at::Tensor mean = loss.detach().clone();
+    tdist::all_reduce(mean, tdist::ReduceOp::AVG, mesh.get_group("dp"));
+    EXPECT_NEAR(mean.item<double>(), ref_loss.item<double>(), 1e-6) << "step " << step;
+    EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm) << "step " << step;
+  }
+  tdist::destroy_process_group();
+}
+
+TDIST_SCENARIO(tensor_parallel_errors) {
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
+  auto llama = build(models::ModelConfig::from_json(config_json("llama")));  // 3 KV heads
+  try {
+    models::apply_tensor_parallel(llama, mesh);
+    ADD_FAILURE() << "3 key/value heads over 2 ranks were accepted";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("whole heads"), std::string::npos) << e.what();
+  }
+  tdist::destroy_process_group();
+}
+
+void run(const std::string& scenario, int world, const std::string& family = "llama") {
+  ProcessOptions options;
+  options.timeout = std::chrono::seconds(180);
+  options.env = {{"FAMILY", family}};
+  expect_all_ok(run_ranks_as_processes(scenario, world, options));
+}
+
+TEST(TensorParallelModels, LlamaLogitsAndGradientsMatchOneProcess) {
+  run("tensor_parallel_logits", 1, "llama");
+  run("tensor_parallel_logits", 3, "llama");
+}
+TEST(TensorParallelModels, Qwen2WithBiasesMatchesOneProcess) {
+  run("tensor_parallel_logits", 2, "qwen2");
+}
+TEST(TensorParallelModels, FSDPOverTensorParallelTrainsAsOneProcess) {
+  run("two_d_llama", 4);
+}
+TEST(TensorParallelModels, RefusesHeadsTheMeshDoesNotDivide) {
+  run("tensor_parallel_errors", 2);
+}
+
+}  // namespace
