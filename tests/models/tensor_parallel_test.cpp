@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "oracle.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -146,10 +147,35 @@ TDIST_SCENARIO(tensor_parallel_errors) {
   tdist::destroy_process_group();
 }
 
-void run(const std::string& scenario, int world, const std::string& family = "llama") {
+// The model transformers made, under tdist's tensor parallelism, five AdamW steps on the
+// oracle's inputs: the losses of PyTorch's tensor parallelism on the same model and mesh.
+TDIST_SCENARIO(tensor_parallel_like_pytorch) {
+  const std::string dir = env_str("MODEL_DIR");
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
+  auto model = models::from_pretrained(dir);
+  model->train();
+  models::apply_tensor_parallel(model, mesh);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const at::Tensor ids = tensor_from(dir + "/inputs.safetensors", "input_ids");
+  const at::Tensor expected =
+      tensor_from(dir + "/tp_steps_" + std::to_string(world_size()) + ".safetensors", "losses");
+  ASSERT_EQ(expected.numel(), 5);
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor loss = models::causal_lm_loss(model->forward(ids), ids);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    const double want = expected[step].item<double>();
+    EXPECT_NEAR(loss.item<double>(), want, 1e-5 * std::abs(want)) << "step " << step;
+  }
+  tdist::destroy_process_group();
+}
+
+void run(const std::string& scenario, int world, const std::string& family = "llama",
+         const std::string& model_dir = "") {
   ProcessOptions options;
   options.timeout = std::chrono::seconds(180);
-  options.env = {{"FAMILY", family}};
+  options.env = {{"FAMILY", family}, {"MODEL_DIR", model_dir}};
   expect_all_ok(run_ranks_as_processes(scenario, world, options));
 }
 
@@ -162,6 +188,15 @@ TEST(TensorParallelModels, Qwen2WithBiasesMatchesOneProcess) {
 }
 TEST(TensorParallelModels, FSDPOverTensorParallelTrainsAsOneProcess) {
   run("two_d_llama", 4);
+}
+TEST(TensorParallelModels, LossesEqualPyTorchTensorParallelism) {
+  const std::string why = transformers_unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::string dir = oracle_model("llama_tp");
+  for (int world : {2, 4}) {
+    run_oracle({"tp_steps", dir, std::to_string(world), "5"});
+    run("tensor_parallel_like_pytorch", world, "llama", dir);
+  }
 }
 TEST(TensorParallelModels, RefusesHeadsTheMeshDoesNotDivide) {
   run("tensor_parallel_errors", 2);

@@ -9,6 +9,10 @@
                            each decoder layer, then the root) at WORLD ranks over gloo, rank r
                            on input row r: writes DIR/fsdp2_step.safetensors with each rank's
                            loss and every parameter's full gradient
+  tp_steps DIR WORLD N     N AdamW steps (lr 1e-3) of DIR's model under PyTorch's tensor
+                           parallelism (torchtitan's Llama plan, replicated logits) at WORLD
+                           ranks over gloo, every rank on input_ids: writes
+                           DIR/tp_steps_WORLD.safetensors with the loss of each step
   check_export DIR REF     loads DIR with AutoModelForCausalLM.from_pretrained; every parameter
                            must equal REF's tensor of the same name bitwise, and its logits on
                            DIR/inputs.safetensors must equal REF's "logits" within 1e-5
@@ -86,6 +90,14 @@ CASES = {
         config=dict(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                     bos_token_id=0, eos_token_id=1)),
+    # Tensor parallelism against PyTorch's: heads and KV heads that 4 divides, head_dim !=
+    # hidden / heads, attention and MLP biases (the row-parallel ones added once), untied.
+    "llama_tp": dict(
+        family="llama", seq=SEQ,
+        config=dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+                    max_position_embeddings=64, attention_bias=True, mlp_bias=True,
+                    tie_word_embeddings=False)),
     # bfloat16 weights in several files with an index.
     "llama_bf16_sharded": dict(
         family="llama", seq=SEQ, dtype=torch.bfloat16, max_shard_size="20KB",
@@ -170,6 +182,50 @@ def fsdp2_rank(rank, world, init_file, path):
     os._exit(0)  # PyTorch 2.11's gloo threads can abort the interpreter's teardown
 
 
+def tp_rank(rank, world, init_file, path, steps):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = load_model(path)
+    model.train()
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for i in range(len(model.model.layers)):
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                     "mlp.up_proj"):
+            plan["model.layers.%d.%s" % (i, name)] = ColwiseParallel()
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            plan["model.layers.%d.%s" % (i, name)] = RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = load_file(os.path.join(path, "inputs.safetensors"))["input_ids"]
+    losses = []
+    for _ in range(steps):
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach().reshape(1))
+    if rank == 0:
+        save_file({"losses": torch.cat(losses)},
+                  os.path.join(path, "tp_steps_%d.safetensors" % world))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # PyTorch 2.11's gloo threads can abort the interpreter's teardown
+
+
+def tp_steps(path, world, steps):
+    init_file = os.path.join(tempfile.mkdtemp(), "init")
+    mp.spawn(tp_rank, args=(world, init_file, path, steps), nprocs=world)
+
+
 def fsdp2_step(path, world):
     init_file = os.path.join(tempfile.mkdtemp(), "init")
     mp.spawn(fsdp2_rank, args=(world, init_file, path), nprocs=world)
@@ -220,6 +276,8 @@ def main():
         make(sys.argv[2], sys.argv[3])
     elif command == "fsdp2_step":
         fsdp2_step(sys.argv[2], int(sys.argv[3]))
+    elif command == "tp_steps":
+        tp_steps(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif command == "check_export":
         check_export(sys.argv[2], sys.argv[3])
     elif command == "moved":
