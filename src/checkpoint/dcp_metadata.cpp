@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -18,6 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using Kind = PyValue::Kind;
+
+const std::string kParamGroupsPrefix = "optim.param_groups.";
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr const char* kFilesystemModule = "torch.distributed.checkpoint.filesystem";
@@ -274,7 +277,11 @@ class MetadataDecoder {
       if (is_class(md, "TensorStorageMetadata")) {
         out.tensors[name] = tensor_info(name, md);
       } else if (is_class(md, "BytesStorageMetadata")) {
-        if (name == kDcpExtraStateKey) extra_state_ = find_storage(name, nullptr);
+        if (name == kDcpExtraStateKey) {
+          extra_state_ = find_storage(name, nullptr);
+        } else if (name.compare(0, kParamGroupsPrefix.size(), kParamGroupsPrefix) == 0) {
+          param_group_values_.push_back({name, find_storage(name, nullptr)});
+        }
       } else {
         fail("'" + name + "' is described by " + (md && md->is(Kind::kObject) ? md->text : "?"));
       }
@@ -284,6 +291,7 @@ class MetadataDecoder {
   }
 
   const std::optional<DcpByteEntry>& extra_state() const { return extra_state_; }
+  const std::vector<DcpObjectEntry>& param_group_values() const { return param_group_values_; }
 
  private:
   void index_storage(const PyValue& storage) {
@@ -365,6 +373,7 @@ class MetadataDecoder {
   std::map<std::pair<std::string, std::vector<int64_t>>, DcpByteEntry> storage_;
   std::set<std::string> files_;
   std::optional<DcpByteEntry> extra_state_;
+  std::vector<DcpObjectEntry> param_group_values_;
 };
 
 /// The ExtraState list tdist stored beside the tensors.
@@ -387,6 +396,64 @@ std::vector<ExtraState> read_extra_state(const std::string& dir, const DcpByteEn
   } catch (const std::exception& e) {
     TDIST_THROW(CheckpointError,
                 "checkpoint: the extra state in '" + path + "' is corrupt (" + e.what() + ")");
+  }
+  return out;
+}
+
+/// A value Python torch.save'd into a param group (float, int, bool, None, str, and tuples
+/// or lists of them) as JSON; nullopt for anything else (a key tdist then ignores).
+std::optional<nlohmann::json> json_of(const c10::IValue& v) {
+  if (v.isNone()) return nlohmann::json(nullptr);
+  if (v.isBool()) return nlohmann::json(v.toBool());
+  if (v.isInt()) return nlohmann::json(v.toInt());
+  if (v.isDouble()) return nlohmann::json(v.toDouble());
+  if (v.isString()) return nlohmann::json(v.toStringRef());
+  if (v.isTuple() || v.isList()) {
+    nlohmann::json out = nlohmann::json::array();
+    const auto items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toList().vec();
+    for (const auto& item : items) {
+      auto j = json_of(item);
+      if (!j) return std::nullopt;
+      out.push_back(std::move(*j));
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+/// Python's param groups from their flattened entries ("optim.param_groups.<i>.<key>").
+nlohmann::json read_param_groups(const std::string& dir,
+                                 const std::vector<DcpObjectEntry>& entries) {
+  std::map<size_t, nlohmann::json> groups;
+  for (const auto& [name, where] : entries) {
+    const std::string rest = name.substr(kParamGroupsPrefix.size());
+    const auto dot = rest.find('.');
+    const std::string index = rest.substr(0, dot);
+    if (dot == std::string::npos || index.empty() ||
+        index.find_first_not_of("0123456789") != std::string::npos || index.size() > 6) {
+      continue;  // not a group's option
+    }
+    const std::string path = (fs::path(dir) / where.file).string();
+    InputFile in(path);
+    if (where.offset + where.length > in.size()) {
+      TDIST_THROW(CheckpointError, "checkpoint: '" + name + "' of '" + dir + "' lies outside '" +
+                                       path + "'; the checkpoint is truncated or corrupt");
+    }
+    std::string bytes(static_cast<size_t>(where.length), '\0');
+    in.read_at(where.offset, bytes.data(), where.length);
+    const auto value = json_of(torch_load_bytes(bytes.data(), bytes.size(), "'" + name + "'"));
+    auto& group = groups[std::stoul(index)];
+    if (group.is_null()) group = nlohmann::json::object();
+    if (value) group[rest.substr(dot + 1)] = *value;
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& [index, group] : groups) {
+    if (index != out.size()) {
+      TDIST_THROW(CheckpointError, "checkpoint: '" + dir + "' has optimizer param group " +
+                                       std::to_string(index) + " but not group " +
+                                       std::to_string(out.size()));
+    }
+    out.push_back(std::move(group));
   }
   return out;
 }
@@ -427,8 +494,38 @@ std::vector<std::string> dcp_state_dict_path(const std::string& name) {
   return {name};
 }
 
+std::vector<std::pair<std::string, c10::IValue>> dcp_param_group_values(
+    const nlohmann::json& groups) {
+  std::function<c10::IValue(const nlohmann::json&)> ivalue_of = [&](const nlohmann::json& j) {
+    if (j.is_null()) return c10::IValue();
+    if (j.is_boolean()) return c10::IValue(j.get<bool>());
+    if (j.is_number_integer()) return c10::IValue(j.get<int64_t>());
+    if (j.is_number()) return c10::IValue(j.get<double>());
+    if (j.is_string()) return c10::IValue(j.get<std::string>());
+    if (j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& e) { return e.is_string(); })) {
+      return c10::IValue(j.get<std::vector<std::string>>());  // "params": a list, as Python's
+    }
+    if (j.is_array()) {
+      std::vector<c10::IValue> items;
+      for (const auto& e : j) items.push_back(ivalue_of(e));
+      return c10::IValue(c10::ivalue::Tuple::create(std::move(items)));  // betas: a tuple
+    }
+    TDIST_THROW(InvalidArgument, "checkpoint: a param group option is " + j.dump() +
+                                     "; options are numbers, booleans, strings, null or lists");
+  };
+  std::vector<std::pair<std::string, c10::IValue>> out;
+  if (!groups.is_array()) return out;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    for (const auto& [key, value] : groups[i].items()) {
+      out.emplace_back(kParamGroupsPrefix + std::to_string(i) + "." + key, ivalue_of(value));
+    }
+  }
+  return out;
+}
+
 std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
                                 const std::optional<DcpByteEntry>& extra_state,
+                                const std::vector<DcpObjectEntry>& objects,
                                 const std::string& checkpoint_id, const std::string& save_id) {
   PickleWriter w;
   w.begin_object(kMetadataModule, "Metadata");
@@ -442,6 +539,10 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
   }
   if (extra_state) {
     w.str(kDcpExtraStateKey);
+    write_empty_object(w, "BytesStorageMetadata");
+  }
+  for (const auto& o : objects) {
+    w.str(o.name);
     write_empty_object(w, "BytesStorageMetadata");
   }
   w.end_dict();
@@ -462,6 +563,17 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
     w.str(kDcpExtraStateKey);
     w.end_tuple();
   }
+  for (const auto& o : objects) {  // ("optim", "param_groups", <i>, <key>): the index an int
+    const std::string rest = o.name.substr(kParamGroupsPrefix.size());
+    const auto dot = rest.find('.');
+    w.str(o.name);
+    w.begin_tuple();
+    w.str("optim");
+    w.str("param_groups");
+    w.integer(std::stoll(rest.substr(0, dot)));
+    w.str(rest.substr(dot + 1));
+    w.end_tuple();
+  }
   w.end_dict();
 
   w.str("storage_data");
@@ -476,6 +588,10 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
   if (extra_state) {
     write_index(w, kDcpExtraStateKey, nullptr, -1);
     write_storage_info(w, extra_state->file, extra_state->offset, extra_state->length);
+  }
+  for (const auto& o : objects) {
+    write_index(w, o.name, nullptr, -1);
+    write_storage_info(w, o.where.file, o.where.offset, o.where.length);
   }
   w.end_dict();
 
@@ -502,6 +618,11 @@ CheckpointMetadata read_dcp_metadata(const std::string& dir) {
     metadata.world_size = static_cast<int>(metadata.extra_per_rank.size());
   } else {
     metadata.world_size = max_rank + 1;  // ranks that wrote nothing leave no file: a floor
+    if (!decoder.param_group_values().empty()) {
+      ExtraState python;
+      python.optimizer_param_groups = read_param_groups(dir, decoder.param_group_values());
+      metadata.extra_per_rank = {python};
+    }
   }
   return metadata;
 }

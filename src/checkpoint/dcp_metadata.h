@@ -7,6 +7,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <nlohmann/json.hpp>
 
 #include "tdist/checkpoint/metadata.h"
 
@@ -23,14 +28,30 @@ struct DcpByteEntry {
   int64_t length = 0;
 };
 
+/// A non-tensor value of the state dict (BytesStorageMetadata: a torch.save of it).
+struct DcpObjectEntry {
+  std::string name;  // flattened, as Python's flatten_state_dict names it
+  DcpByteEntry where;
+};
+
+/// Python's flattening of optimizer param groups (ExtraState::optimizer_param_groups): one
+/// value per group and option, "optim.param_groups.<i>.<key>"; "params" a list of names,
+/// other lists (betas) tuples.
+std::vector<std::pair<std::string, c10::IValue>> dcp_param_group_values(
+    const nlohmann::json& groups);
+
 /// The pickle for `metadata`'s tensors (each chunk a torch.save blob in its file), plus
-/// the extra-state entry when given. `checkpoint_id` and `save_id` go to StorageMeta.
+/// the extra-state entry when given and `objects` (param groups). `checkpoint_id` and
+/// `save_id` go to StorageMeta.
 std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
                                 const std::optional<DcpByteEntry>& extra_state,
+                                const std::vector<DcpObjectEntry>& objects,
                                 const std::string& checkpoint_id, const std::string& save_id);
 
-/// Reads <dir>/.metadata (and the extra-state entry when present). Byte entries other than
-/// tdist's (Python's param_groups and other objects) are skipped: tdist loads tensors.
+/// Reads <dir>/.metadata (and the extra-state entry when present). A checkpoint Python
+/// wrote has no extra state; its optimizer param groups ("optim.param_groups.<i>.<key>")
+/// become extra_per_rank = {ExtraState with optimizer_param_groups}. Other byte entries are
+/// skipped: tdist loads tensors.
 CheckpointMetadata read_dcp_metadata(const std::string& dir);
 
 /// The name's place in a nested state dict, as Python's flatten_state_dict records it:

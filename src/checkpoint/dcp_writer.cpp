@@ -9,10 +9,14 @@
 namespace tdist::checkpoint::detail {
 
 nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
-                              const std::string* extra_state_json, int rank, const std::string& dir,
-                              bool fsync, const std::function<void()>& halfway) {
-  nlohmann::json out = {{"file", nullptr}, {"chunks", nlohmann::json::array()}};
-  if (slices.empty() && extra_state_json == nullptr) {
+                              const std::string* extra_state_json,
+                              const std::vector<std::pair<std::string, c10::IValue>>& objects,
+                              int rank, const std::string& dir, bool fsync,
+                              const std::function<void()>& halfway) {
+  nlohmann::json out = {{"file", nullptr},
+                        {"chunks", nlohmann::json::array()},
+                        {"objects", nlohmann::json::array()}};
+  if (slices.empty() && extra_state_json == nullptr && objects.empty()) {
     halfway();
     return out;
   }
@@ -32,6 +36,13 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
     const auto where = append(c10::IValue(*extra_state_json));
     out["extra_state"] = {
         {"file", name}, {"offset", where.at("byte_offset")}, {"length", where.at("byte_length")}};
+  }
+  for (const auto& [object_name, value] : objects) {
+    const auto where = append(value);
+    out["objects"].push_back({{"name", object_name},
+                              {"file", name},
+                              {"offset", where.at("byte_offset")},
+                              {"length", where.at("byte_length")}});
   }
   bool injected = false;
   for (size_t i = 0; i < slices.size(); ++i) {

@@ -6,9 +6,11 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <nlohmann/json.hpp>
 
 namespace tdist::checkpoint::detail {
@@ -20,12 +22,15 @@ struct SliceToWrite {
   at::Tensor data;
 };
 
-/// Writes `slices` (and, when given, the extra-state JSON as a torch.save'd string) into
-/// `dir`/__<rank>_0.distcp; `halfway` runs after about half the bytes (fault injection).
-/// Returns the records save() gathers: {"file": {...} or null, "chunks": [...],
-/// "extra_state": {file, offset, length} when written}.
+/// Writes `slices` (and, when given, the extra-state JSON as a torch.save'd string, and
+/// each of `objects` torch.save'd) into `dir`/__<rank>_0.distcp; `halfway` runs after about
+/// half the bytes (fault injection). Returns the records save() gathers: {"file": {...} or
+/// null, "chunks": [...], "extra_state": {file, offset, length} when written, "objects":
+/// [{name, file, offset, length}]}.
 nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
-                              const std::string* extra_state_json, int rank, const std::string& dir,
-                              bool fsync, const std::function<void()>& halfway);
+                              const std::string* extra_state_json,
+                              const std::vector<std::pair<std::string, c10::IValue>>& objects,
+                              int rank, const std::string& dir, bool fsync,
+                              const std::function<void()>& halfway);
 
 }  // namespace tdist::checkpoint::detail

@@ -13,7 +13,10 @@ namespace tdist::checkpoint {
 nlohmann::json ExtraState::to_json() const {
   nlohmann::json rng = nlohmann::json::object();
   for (const auto& [name, bytes] : rng_states) rng[name] = detail::base64_encode(bytes);
-  return {{"step", step}, {"data_position", data_position}, {"rng_states", rng}, {"user", user}};
+  nlohmann::json j = {
+      {"step", step}, {"data_position", data_position}, {"rng_states", rng}, {"user", user}};
+  if (!optimizer_param_groups.is_null()) j["optimizer_param_groups"] = optimizer_param_groups;
+  return j;
 }
 
 ExtraState ExtraState::from_json(const nlohmann::json& j) {
@@ -24,12 +27,14 @@ ExtraState ExtraState::from_json(const nlohmann::json& j) {
     e.rng_states[name] = detail::base64_decode(text.get<std::string>());
   }
   e.user = j.at("user");
+  if (j.contains("optimizer_param_groups")) e.optimizer_param_groups = j["optimizer_param_groups"];
   return e;
 }
 
 bool ExtraState::operator==(const ExtraState& other) const {
   return step == other.step && data_position == other.data_position &&
-         rng_states == other.rng_states && user == other.user;
+         rng_states == other.rng_states && user == other.user &&
+         optimizer_param_groups == other.optimizer_param_groups;
 }
 
 std::vector<uint8_t> capture_torch_rng_state(const c10::Device& device) {

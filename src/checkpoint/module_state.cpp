@@ -7,6 +7,7 @@
 
 #include "checkpoint/dtype.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
+#include "tdist/checkpoint/optimizer_param_groups.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/state_dict.h"
@@ -75,6 +76,22 @@ ShardedStateDict optimizer_targets(const torch::nn::Module& module,
   return out;
 }
 
+/// `extra` with the optimizer's param groups, as save_module stores them.
+ExtraState with_param_groups(const ExtraState& extra, const torch::nn::Module& module,
+                             const torch::optim::Optimizer* optimizer) {
+  ExtraState out = extra;
+  if (optimizer != nullptr) out.optimizer_param_groups = optimizer_param_groups(module, *optimizer);
+  return out;
+}
+
+/// The param groups a checkpoint saved (every rank saves the same), or null.
+nlohmann::json saved_param_groups(const CheckpointMetadata& metadata) {
+  for (const ExtraState& e : metadata.extra_per_rank) {
+    if (!e.optimizer_param_groups.is_null()) return e.optimizer_param_groups;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 ShardedStateDict module_state_dict(const torch::nn::Module& module, const std::string& prefix) {
@@ -133,7 +150,7 @@ void save_module(const torch::nn::Module& module, torch::optim::Optimizer* optim
     ShardedStateDict optim = optimizer_state_dict(module, *optimizer);
     state.insert(optim.begin(), optim.end());
   }
-  save(state, extra, dir, options);
+  save(state, with_param_groups(extra, module, optimizer), dir, options);
 }
 
 LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optimizer,
@@ -142,6 +159,7 @@ LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optim
   const ShardedStateDict model = fsdp::get_model_state_dict(module);  // aliases: loads in place
   ShardedStateDict state = with_prefix(model, kModelPrefix);
   ShardedStateDict optim;
+  nlohmann::json param_groups;
   if (optimizer != nullptr) {
     CheckpointMetadata metadata;
     bool have_metadata = true;
@@ -150,13 +168,28 @@ LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optim
     } catch (const CheckpointError&) {
       have_metadata = false;  // load() below reports it, on every rank at once
     }
-    if (have_metadata) optim = optimizer_targets(module, *optimizer, model, metadata);
+    if (have_metadata) {
+      param_groups = saved_param_groups(metadata);
+      // Refused before any byte is read: every rank sees the same metadata and groups.
+      if (param_groups.is_array() && param_groups.size() != optimizer->param_groups().size()) {
+        TDIST_THROW(InvalidArgument,
+                    "load_module: the checkpoint '" + dir + "' has " +
+                        std::to_string(param_groups.size()) + " optimizer param groups, the "
+                        "optimizer " + std::to_string(optimizer->param_groups().size()) +
+                        "; build the optimizer with the same param groups as the run that "
+                        "saved it");
+      }
+      optim = optimizer_targets(module, *optimizer, model, metadata);
+    }
     for (const auto& [name, st] : optim) state.emplace(kOptimPrefix + name, st);
   }
   LoadResult result = load(state, dir, options);
   if (optimizer != nullptr && !optim.empty()) {
     fsdp::set_optimizer_state_dict(module, *optimizer, optim,
                                    fsdp::StateDictOptions().strict(false));
+  }
+  if (optimizer != nullptr && !param_groups.is_null()) {
+    set_optimizer_param_groups(module, *optimizer, param_groups);
   }
   return result;
 }
@@ -180,7 +213,7 @@ std::string save_module(CheckpointManager& manager, int64_t step, const torch::n
     ShardedStateDict optim = optimizer_state_dict(module, *optimizer);
     state.insert(optim.begin(), optim.end());
   }
-  return manager.save(step, state, extra);
+  return manager.save(step, state, with_param_groups(extra, module, optimizer));
 }
 
 std::optional<LoadResult> load_latest_module(CheckpointManager& manager, torch::nn::Module& module,

@@ -213,12 +213,19 @@ json write_dcp_rank_file(const ShardedStateDict& state, const std::vector<Planne
     if (c.owner == rank) slices.push_back({c.name, c.box.offsets, state.at(c.name).local});
   }
   std::string extras;
+  std::vector<std::pair<std::string, c10::IValue>> objects;
   if (rank == 0) {
     json all = json::array();
     for (const auto& p : plans) all.push_back(p.payload.at("extra"));
     extras = all.dump();
+    // The param groups as Python's flatten_state_dict names them, for its dcp.load.
+    const json& rank0 = plans.at(0).payload.at("extra");
+    if (rank0.contains("optimizer_param_groups")) {
+      objects = detail::dcp_param_group_values(rank0.at("optimizer_param_groups"));
+    }
   }
-  return detail::write_dcp_file(slices, rank == 0 ? &extras : nullptr, rank, partial_dir,
+  return detail::write_dcp_file(slices, rank == 0 ? &extras : nullptr, objects, rank,
+                                partial_dir,
                                 options.fsync(),
                                 [&] { detail::maybe_inject(fault, rank, SavePhase::kWrite); });
 }
@@ -237,7 +244,16 @@ std::pair<const char*, std::string> encode_for_format(const CheckpointMetadata& 
     extra = detail::DcpByteEntry{e.at("file").get<std::string>(), e.at("offset").get<int64_t>(),
                                  e.at("length").get<int64_t>()};
   }
-  return {kDcpMetadataFile, detail::encode_dcp_metadata(metadata, extra, final_dir, token)};
+  std::vector<detail::DcpObjectEntry> objects;
+  if (rank0_write.contains("objects")) {
+    for (const auto& o : rank0_write.at("objects")) {
+      objects.push_back({o.at("name").get<std::string>(),
+                         {o.at("file").get<std::string>(), o.at("offset").get<int64_t>(),
+                          o.at("length").get<int64_t>()}});
+    }
+  }
+  return {kDcpMetadataFile,
+          detail::encode_dcp_metadata(metadata, extra, objects, final_dir, token)};
 }
 
 CheckpointMetadata assemble_metadata(const std::vector<Report>& writes,

@@ -150,7 +150,7 @@ TEST(DcpFormat, ChunksOutsideTheirTensorAreRefused) {
     SCOPED_TRACE(c.expect);
     CheckpointMetadata edited = saved;
     c.edit(edited.tensors.at(name));
-    write_file(dir + "/.metadata", detail::encode_dcp_metadata(edited, std::nullopt, dir, "t"));
+    write_file(dir + "/.metadata", detail::encode_dcp_metadata(edited, std::nullopt, {}, dir, "t"));
     const std::string error = error_of([&] { read_metadata(dir); });
     EXPECT_NE(error.find(c.expect), std::string::npos) << error;
   }

@@ -4,7 +4,10 @@
 // converts it); Python saves from a plain model, FSDP2 at world 2 and DDP at world 2, and
 // tdist loads each into a plain model and into FSDP at world 3, parameters and Adam state
 // bitwise equal to Python's full state. The model is the same on both sides
-// (python/dcp_interop.py's Mlp): 7 rows shard unevenly at 2 and 3.
+// (python/dcp_interop.py's Mlp): 7 rows shard unevenly at 2 and 3. Both sides train with
+// Adam options unlike a fresh Adam's (kParamGroup, Python's PARAM_GROUP); the loading side
+// builds Adam(lr=0.01) and gets the saved param groups back (Python through dcp.load +
+// set_optimizer_state_dict, tdist through load_module).
 
 #include <gtest/gtest.h>
 
@@ -48,6 +51,23 @@ struct DcpMlpImpl : torch::nn::Module {
 TORCH_MODULE(DcpMlp);
 
 using tdist::testing::test_python;
+
+/// The saving runs' Adam options: python/dcp_interop.py's PARAM_GROUP.
+torch::optim::AdamOptions kParamGroup() {
+  return torch::optim::AdamOptions(0.02).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.05).amsgrad(
+      true);
+}
+
+void expect_param_group_restored(const torch::optim::Optimizer& opt, const std::string& what) {
+  ASSERT_EQ(opt.param_groups().size(), 1u) << what;
+  const auto& got = static_cast<const torch::optim::AdamOptions&>(opt.param_groups()[0].options());
+  const auto want = kParamGroup();
+  EXPECT_EQ(got.lr(), want.lr()) << what;
+  EXPECT_EQ(got.betas(), want.betas()) << what;
+  EXPECT_EQ(got.eps(), want.eps()) << what;
+  EXPECT_EQ(got.weight_decay(), want.weight_decay()) << what;
+  EXPECT_EQ(got.amsgrad(), want.amsgrad()) << what;
+}
 
 /// Why Python cannot take part, or "" when it can (PyTorch >= 2.6: FSDP2 and DCP's
 /// state_dict helpers).
@@ -112,7 +132,8 @@ void expect_matches_python_reference(const torch::nn::Module& m, torch::optim::O
     }
     ++compared;
   }
-  EXPECT_EQ(compared, 7 * 4) << what << ": exp_avg, exp_avg_sq and step per parameter";
+  EXPECT_EQ(compared, 7 * 5) << what << ": exp_avg, exp_avg_sq, max_exp_avg_sq and step";
+  expect_param_group_restored(opt, what);
 }
 
 // FSDP at this world size, one Adam step, saved in the DCP format into CK_DIR/ckpt; the full
@@ -123,7 +144,7 @@ TDIST_SCENARIO(dcp_tdist_save) {
   torch::manual_seed(11);
   DcpMlp m;
   shard(m);
-  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(0.01));
+  torch::optim::Adam opt(m->parameters(), kParamGroup());
   torch::manual_seed(200 + get_rank());
   fsdp::forward(m, torch::randn({4, 5})).square().mean().backward();
   opt.step();
@@ -131,6 +152,10 @@ TDIST_SCENARIO(dcp_tdist_save) {
               SaveOptions().fsync(false).format(CheckpointFormat::kDcp));
   TensorMap ref;
   for (const auto& [name, t] : module_tensors(*m)) ref[kModelPrefix + name] = t;  // collective
+  const auto full = fsdp::StateDictOptions().full_state_dict(true);
+  for (const auto& [name, st] : fsdp::get_optimizer_state_dict(*m, opt, full)) {
+    ref[kOptimPrefix + name] = st.local;
+  }
   if (get_rank() == 0) export_torch_file(ref, dir + "/ref.pt");
   destroy_process_group();
 }

@@ -23,6 +23,11 @@ struct ExtraState {
   std::map<std::string, std::vector<uint8_t>> rng_states;
   /// Anything else (learning-rate schedule, config). Must be a JSON object.
   nlohmann::json user = nlohmann::json::object();
+  /// The optimizer's param groups as PyTorch's get_optimizer_state_dict lays them out (a list
+  /// of objects: each group's options, and "params", its parameters' names); null when no
+  /// optimizer was saved. save_module fills it, load_module restores it
+  /// (tdist/checkpoint/optimizer_param_groups.h).
+  nlohmann::json optimizer_param_groups;
 
   nlohmann::json to_json() const;
   static ExtraState from_json(const nlohmann::json& j);
