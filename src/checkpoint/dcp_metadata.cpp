@@ -502,7 +502,8 @@ std::vector<std::pair<std::string, c10::IValue>> dcp_param_group_values(
     if (j.is_number_integer()) return c10::IValue(j.get<int64_t>());
     if (j.is_number()) return c10::IValue(j.get<double>());
     if (j.is_string()) return c10::IValue(j.get<std::string>());
-    if (j.is_array() && std::all_of(j.begin(), j.end(), [](const auto& e) { return e.is_string(); })) {
+    if (j.is_array() &&
+        std::all_of(j.begin(), j.end(), [](const auto& e) { return e.is_string(); })) {
       return c10::IValue(j.get<std::vector<std::string>>());  // "params": a list, as Python's
     }
     if (j.is_array()) {

@@ -13,9 +13,8 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
                               const std::vector<std::pair<std::string, c10::IValue>>& objects,
                               int rank, const std::string& dir, bool fsync,
                               const std::function<void()>& halfway) {
-  nlohmann::json out = {{"file", nullptr},
-                        {"chunks", nlohmann::json::array()},
-                        {"objects", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"file", nullptr}, {"chunks", nlohmann::json::array()}, {"objects", nlohmann::json::array()}};
   if (slices.empty() && extra_state_json == nullptr && objects.empty()) {
     halfway();
     return out;

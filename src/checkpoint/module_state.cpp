@@ -174,8 +174,10 @@ LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optim
       if (param_groups.is_array() && param_groups.size() != optimizer->param_groups().size()) {
         TDIST_THROW(InvalidArgument,
                     "load_module: the checkpoint '" + dir + "' has " +
-                        std::to_string(param_groups.size()) + " optimizer param groups, the "
-                        "optimizer " + std::to_string(optimizer->param_groups().size()) +
+                        std::to_string(param_groups.size()) +
+                        " optimizer param groups, the "
+                        "optimizer " +
+                        std::to_string(optimizer->param_groups().size()) +
                         "; build the optimizer with the same param groups as the run that "
                         "saved it");
       }

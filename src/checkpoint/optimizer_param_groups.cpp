@@ -107,13 +107,10 @@ json group_options(const OptimizerOptions& options, const OptimizerOptions& defa
     return g;
   }
   if (const auto* o = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
-    json g = {{"lr", o->lr()},
-              {"momentum", o->momentum()},
-              {"alpha", o->alpha()},
-              {"eps", o->eps()},
-              {"centered", o->centered()},
-              {"weight_decay", o->weight_decay()},
-              {"capturable", false}};
+    json g = {
+        {"lr", o->lr()},      {"momentum", o->momentum()}, {"alpha", o->alpha()},
+        {"eps", o->eps()},    {"centered", o->centered()}, {"weight_decay", o->weight_decay()},
+        {"capturable", false}};
     write_extension(g, {});
     return g;
   }
@@ -139,8 +136,8 @@ class GroupReader {
   void boolean(const char* key, Setter set) const {
     if (!g_.contains(key)) return;
     const json& v = g_.at(key);
-    TDIST_CHECK_ARG(v.is_boolean(), where_ + "'s '" + key + "' must be true or false, got " +
-                                        v.dump());
+    TDIST_CHECK_ARG(v.is_boolean(),
+                    where_ + "'s '" + key + "' must be true or false, got " + v.dump());
     set(v.get<bool>());
   }
   template <class Options>
@@ -240,11 +237,11 @@ json optimizer_param_groups(const torch::nn::Module& module,
   return groups;
 }
 
-void set_optimizer_param_groups(const torch::nn::Module& module,
-                                torch::optim::Optimizer& optimizer, const json& groups) {
+void set_optimizer_param_groups(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                const json& groups) {
   const char* op = "set_optimizer_param_groups";
-  TDIST_CHECK_ARG(groups.is_array(), std::string(op) + ": param_groups must be a list, got " +
-                                         groups.type_name());
+  TDIST_CHECK_ARG(groups.is_array(),
+                  std::string(op) + ": param_groups must be a list, got " + groups.type_name());
   auto& mine = optimizer.param_groups();
   if (groups.size() != mine.size()) {
     TDIST_THROW(InvalidArgument,

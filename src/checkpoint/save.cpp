@@ -224,8 +224,7 @@ json write_dcp_rank_file(const ShardedStateDict& state, const std::vector<Planne
       objects = detail::dcp_param_group_values(rank0.at("optimizer_param_groups"));
     }
   }
-  return detail::write_dcp_file(slices, rank == 0 ? &extras : nullptr, objects, rank,
-                                partial_dir,
+  return detail::write_dcp_file(slices, rank == 0 ? &extras : nullptr, objects, rank, partial_dir,
                                 options.fsync(),
                                 [&] { detail::maybe_inject(fault, rank, SavePhase::kWrite); });
 }

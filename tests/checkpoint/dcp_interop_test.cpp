@@ -54,8 +54,11 @@ using tdist::testing::test_python;
 
 /// The saving runs' Adam options: python/dcp_interop.py's PARAM_GROUP.
 torch::optim::AdamOptions kParamGroup() {
-  return torch::optim::AdamOptions(0.02).betas({0.8, 0.95}).eps(1e-6).weight_decay(0.05).amsgrad(
-      true);
+  return torch::optim::AdamOptions(0.02)
+      .betas({0.8, 0.95})
+      .eps(1e-6)
+      .weight_decay(0.05)
+      .amsgrad(true);
 }
 
 void expect_param_group_restored(const torch::optim::Optimizer& opt, const std::string& what) {

@@ -123,8 +123,7 @@ TEST(OptimizerParamGroups, SavedFromFsdpAtThreeRestoredAtThreeAndOneInBothFormat
   const std::string dir = tdist::testing::make_temp_dir("pg");
   tdist::testing::ProcessOptions options;
   options.env = {{"PG_DIR", dir}};
-  tdist::testing::expect_all_ok(
-      tdist::testing::run_ranks_as_processes("pg_fsdp_save", 3, options));
+  tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("pg_fsdp_save", 3, options));
   const nlohmann::json want = saved_groups(dir);
   ASSERT_EQ(want.size(), 2u);
   EXPECT_EQ(want[0].at("lr"), 0.02);
@@ -176,8 +175,8 @@ TEST(OptimizerParamGroups, EveryOptionOfSgdAdamAdagradRmspropRoundTripsAtOne) {
                                             .implementation(optim::Implementation::kForeach));
       optim::SGD fresh(m->parameters(), optim::SGDOptions(0.1));
       expect_round_trip(m, saved, fresh, format);
-      EXPECT_TRUE(static_cast<const optim::SGDOptions&>(fresh.param_groups()[0].options())
-                      .maximize());
+      EXPECT_TRUE(
+          static_cast<const optim::SGDOptions&>(fresh.param_groups()[0].options()).maximize());
     }
     {
       optim::SGD saved(m->parameters(), optim::SGDOptions(0.3).momentum(0.7).nesterov(true));
@@ -185,9 +184,9 @@ TEST(OptimizerParamGroups, EveryOptionOfSgdAdamAdagradRmspropRoundTripsAtOne) {
       expect_round_trip(m, saved, fresh, format);
     }
     {
-      o::Adam saved(m->parameters(),
-                    o::AdamOptions(0.04).betas({0.7, 0.9}).eps(1e-5).weight_decay(0.1).amsgrad(
-                        true));
+      o::Adam saved(
+          m->parameters(),
+          o::AdamOptions(0.04).betas({0.7, 0.9}).eps(1e-5).weight_decay(0.1).amsgrad(true));
       o::Adam fresh(m->parameters(), o::AdamOptions());
       expect_round_trip(m, saved, fresh, format);
     }

@@ -13,9 +13,9 @@
 // flags tdist does not have (capturable, differentiable, decoupled_weight_decay) are written
 // with the values that describe tdist's behaviour, so Python's load_state_dict accepts them.
 
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <nlohmann/json.hpp>
 
 namespace tdist::checkpoint {
 
@@ -28,8 +28,7 @@ nlohmann::json optimizer_param_groups(const torch::nn::Module& module,
 /// differs (naming both counts), when a group names other parameters than the optimizer's
 /// group of that position, or when a value has the wrong type; keys the optimizer has no
 /// option for (Python's capturable, initial_lr, ...) are ignored.
-void set_optimizer_param_groups(const torch::nn::Module& module,
-                                torch::optim::Optimizer& optimizer,
+void set_optimizer_param_groups(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                 const nlohmann::json& groups);
 
 }  // namespace tdist::checkpoint

@@ -7,7 +7,10 @@
   dcp_interop.py load <plain|fsdp2> <dir> <world>
       loads <dir>/ckpt (tdist wrote it) into an Mlp at `world` ranks with dcp.load and
       compares every parameter with <dir>/ref.pt (tdist wrote it too); rank 0 also converts
-      the checkpoint with dcp_to_torch_save and compares that.
+      the checkpoint with dcp_to_torch_save and compares that. The optimizer's state goes
+      through dcp.load + set_optimizer_state_dict into an Adam built with other options;
+      its param groups must then hold PARAM_GROUP's values.
+Both sides train with Adam(**PARAM_GROUP), the C++ tests' kParamGroup.
 Prints "OK <mode>" on success; any mismatch raises.
 """
 
@@ -20,7 +23,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+from torch.distributed.checkpoint.state_dict import (
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_optimizer_state_dict,
+    StateDictOptions,
+)
+
+# Adam's options in both sides' saving runs; a loading run builds Adam(lr=0.01) and expects
+# these back from the checkpoint.
+PARAM_GROUP = dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05, amsgrad=True)
 
 
 class Mlp(nn.Module):
@@ -54,7 +66,7 @@ def make_model(kind, world):
 
 
 def train_one_step(model):
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt = torch.optim.Adam(model.parameters(), **PARAM_GROUP)
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.manual_seed(100 + rank)
     model(torch.randn(4, 5)).square().mean().backward()
@@ -106,6 +118,21 @@ def load(kind, out, rank, world):
     for name, value in model.state_dict().items():
         full = value.full_tensor() if isinstance(value, DTensor) else value
         expect_equal(full, ref["model." + name], f"rank {rank} {name}")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    osd = get_optimizer_state_dict(model, opt)
+    dcp.load({"optim": osd}, checkpoint_id=os.path.join(out, "ckpt"))
+    set_optimizer_state_dict(model, opt, osd)
+    if len(opt.param_groups) != 1:
+        raise AssertionError(f"rank {rank}: {len(opt.param_groups)} param groups")
+    group = opt.param_groups[0]
+    for key, want in PARAM_GROUP.items():
+        if group[key] != want:
+            raise AssertionError(f"rank {rank}: param group {key} = {group[key]}, want {want}")
+    for name, param in model.named_parameters():
+        for key, value in opt.state[param].items():
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            expect_equal(torch.as_tensor(full), ref[f"optim.state.{name}.{key}"],
+                         f"rank {rank} optimizer {name}.{key}")
     if rank == 0:
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
