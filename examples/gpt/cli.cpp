@@ -192,6 +192,11 @@ void add_train_options(CLI::App& app, TrainConfig& c, std::string& mode) {
                  "hsdp: replica groups, each sharding over world / replicas ranks (0: one per "
                  "node, or 2 on one node)")
       ->group(par);
+  app.add_option("--tp", c.tp,
+                 "fsdp: tensor-parallel degree (must divide the world and the head counts): "
+                 "FSDP over world / tp ranks of tensor-parallel model replicas")
+      ->capture_default_str()
+      ->group(par);
   app.add_option("--nproc", c.nproc, "Ranks to start when not launched by tdistrun")
       ->capture_default_str()
       ->group(par);

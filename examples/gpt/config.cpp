@@ -78,6 +78,7 @@ void TrainConfig::validate() const {
   check(nproc >= 1 && nproc <= 256, "--nproc must be in [1, 256], got " + std::to_string(nproc));
   check(threads >= 0, "--threads must be >= 0 (0: cores / ranks), got " + std::to_string(threads));
   check(timeout_s >= 1, "--timeout must be >= 1 second, got " + std::to_string(timeout_s));
+  check(tp >= 1, "--tp must be >= 1, got " + std::to_string(tp));
   check(replicas >= 0,
         "--replicas must be >= 0 (0: one per node), got " + std::to_string(replicas));
   check(checkpoint_interval >= 0, "--checkpoint-interval must be >= 0 (0: never), got " +
@@ -115,6 +116,7 @@ nlohmann::json to_json(const TrainConfig& c) {
       {"device", c.device},
       {"cpu_offload", c.cpu_offload},
       {"replicas", c.replicas},
+      {"tp", c.tp},
       {"nproc", c.nproc},
       {"name", c.name},
       {"run_dir", c.resolved_run_dir()},

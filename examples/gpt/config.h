@@ -71,6 +71,9 @@ struct TrainConfig {
   /// block copied to the device for its forward and backward (--mode fsdp, or auto).
   bool cpu_offload = false;
   int64_t replicas = 0;  ///< hsdp: replica groups (0: one per node, or 2 on one node)
+  /// fsdp: tensor-parallel degree; the ranks form a (world / tp, tp) mesh (dp, tp), FSDP
+  /// sharding over dp and tensor parallelism (torchtitan's plan) over tp.
+  int64_t tp = 1;
   int nproc = 2;         ///< ranks to spawn when not started by a launcher
   int threads = 0;       ///< intra-op threads per rank; 0: cores / ranks
   int timeout_s = 300;   ///< collective / rendezvous timeout

@@ -18,7 +18,10 @@
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/trace.h"
+#include "tdist/models/tensor_parallel.h"
 #include "tdist/optim/clip_grad.h"
+#include "tdist/tensor/dtensor.h"
+#include "tdist/tensor/parallel/parallelize.h"
 #endif
 #include "tdist/models/pretrained.h"
 
@@ -145,8 +148,8 @@ class FsdpParallel : public Parallel {
       : model_(std::move(model)),
         world_(world),
         tracer_(tracer),
-        shard_size_(world.world_size / options.replicas),
-        shard_rank_(world.rank % shard_size_) {
+        shard_size_(world.world_size / options.replicas / options.tp),
+        shard_rank_(world.rank / static_cast<int>(options.tp) % shard_size_) {
     ensure_process_group(world_);  // FSDP shards over a group, of one at world 1
     // The whole shapes, whether the model arrives sharded (loaded into shards) or not.
     {
@@ -162,6 +165,10 @@ class FsdpParallel : public Parallel {
         tracer_.add_span(span.name, "fsdp", (span.begin_ns - origin_ns) / 1000,
                          (span.end_ns - origin_ns) / 1000, /*tid=*/1);
       });
+    }
+    if (options.tp > 1) {
+      apply_tensor_parallel(options, materialize_fn);
+      return;
     }
     if (!tdist::fsdp::is_fully_sharded(*model_)) {
       tdist::models::fully_shard_model(model_, fsdp_options(world, options));
@@ -189,19 +196,25 @@ class FsdpParallel : public Parallel {
   tdist::ShardedStateDict parameter_slices() override {
     // Note [Dim-0 padding] (tdist/fsdp/shard_layout.h): shard rank r owns rows
     // [row_offset, row_offset + local_rows) of each parameter. HSDP's replicas describe the
-    // same slices; the checkpoint writes each once.
+    // same slices; the checkpoint writes each once. Under tensor parallelism FSDP shards this
+    // rank's tensor-parallel part, whose offset in the whole tensor comes first.
     tdist::ShardedStateDict slices;
     for (auto& item : model_->named_parameters()) {
-      const auto& shape = full_shapes_.at(item.key());
+      const auto& full = full_shapes_.at(item.key());
+      std::vector<int64_t> shape = full;
+      std::vector<int64_t> offsets(full.size(), 0);
+      if (const auto tp = tdist::tensor::parallel::parameter_placement(item.value())) {
+        std::tie(shape, offsets) =
+            tdist::tensor::compute_local_shape_and_global_offset(full, tp->mesh, tp->placements);
+      }
       auto layout = tdist::fsdp::ShardLayout::compute(shape, shard_size_, shard_rank_);
       TDIST_CHECK_ARG(item.value().numel() == layout.local_numel(),
                       "gpt fsdp: parameter " + item.key() + " holds " +
                           std::to_string(item.value().numel()) + " elements on rank " +
                           std::to_string(world_.rank) + ", expected its unpadded shard of " +
                           std::to_string(layout.local_numel()));
-      std::vector<int64_t> offsets(shape.size(), 0);
-      if (!offsets.empty()) offsets[0] = layout.row_offset;
-      slices[item.key()] = tdist::ShardedTensor{item.value(), shape, offsets};
+      if (!offsets.empty()) offsets[0] += layout.row_offset;
+      slices[item.key()] = tdist::ShardedTensor{item.value(), full, offsets};
     }
     return slices;
   }
@@ -209,6 +222,22 @@ class FsdpParallel : public Parallel {
   Model& model() override { return model_; }
 
  private:
+  // --tp: the whole model on every rank first (tensor parallelism distributes rank 0's
+  // weights), then torchtitan's plan over "tp", then FSDP over "dp".
+  void apply_tensor_parallel(const ParallelOptions& options,
+                             const std::function<void(Model&)>& materialize_fn) {
+    TDIST_CHECK_ARG(options.replicas == 1,
+                    "--tp with --mode hsdp is not provided by the trainer; use --mode fsdp");
+    TDIST_CHECK_ARG(!tdist::fsdp::is_fully_sharded(*model_),
+                    "gpt fsdp: --tp needs the whole model before sharding (load it unsharded)");
+    if (materialize_fn) materialize_fn(model_);
+    const auto mesh =
+        tdist::mesh::init_device_mesh(world_.device.is_cuda() ? "cuda" : "cpu",
+                                      {world_.world_size / options.tp, options.tp}, {"dp", "tp"});
+    tdist::models::apply_tensor_parallel(model_, mesh["tp"]);
+    tdist::models::fully_shard_model(model_, fsdp_options(world_, options).mesh(mesh["dp"]));
+  }
+
   Model model_;
   World world_;
   Tracer& tracer_;

@@ -72,6 +72,8 @@ struct ParallelOptions {
   bool bf16 = false;
   /// HSDP: replica groups (a 2-D mesh (replicas, world / replicas)); 1: plain FSDP.
   int64_t replicas = 1;
+  /// FSDP only: tensor-parallel degree (a (world / tp, tp) mesh); 1: none.
+  int64_t tp = 1;
 };
 
 /// --replicas for HSDP resolved: `requested` when > 0, else one per node (world /

@@ -295,13 +295,21 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
                       " tokens, too few for a training and a validation sequence of --block-size " +
                       std::to_string(block) + " with --val-fraction " +
                       std::to_string(c.val_fraction) + "; use more data or a smaller --block-size");
+  // --tp: the tp ranks of one model replica read the same batches, so the data is split over
+  // the world / tp replicas (the mesh (dp, tp) is row-major: dp rank = rank / tp).
+  TDIST_CHECK_ARG(c.tp == 1 || (mode == ParallelMode::kFsdp && world.world_size % c.tp == 0),
+                  "--tp " + std::to_string(c.tp) + " needs --mode fsdp (got " + to_string(mode) +
+                      ") and a world size it divides (got " + std::to_string(world.world_size) +
+                      ")");
+  const int data_rank = static_cast<int>(world.rank / c.tp);
+  const int data_ranks = static_cast<int>(world.world_size / c.tp);
   const torch::Tensor train_tokens = tokens.narrow(0, 0, tokens.numel() - n_val);
   const torch::Tensor val_tokens = tokens.narrow(0, tokens.numel() - n_val, n_val);
-  PackedLoader train_loader(train_tokens, block, c.batch_size, world.rank, world.world_size,
-                            c.grad_accum, c.seed, /*shuffle=*/true);
+  PackedLoader train_loader(train_tokens, block, c.batch_size, data_rank, data_ranks, c.grad_accum,
+                            c.seed, /*shuffle=*/true);
   // Validation: eval_batches "micro-steps" at position 0, the same sequences every time.
-  PackedLoader val_loader(val_tokens, block, c.batch_size, world.rank, world.world_size,
-                          c.eval_batches, c.seed, /*shuffle=*/false);
+  PackedLoader val_loader(val_tokens, block, c.batch_size, data_rank, data_ranks, c.eval_batches,
+                          c.seed, /*shuffle=*/false);
 
   // Model: pretraining builds it on the meta device and initialises it from per-module seeds
   // (after sharding under FSDP, so each rank allocates only its shards); fine-tuning loads
@@ -309,7 +317,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   const bool fsdp = mode == ParallelMode::kFsdp || mode == ParallelMode::kHsdp;
   const ParallelOptions parallel_options{
       c.cpu_offload, fsdp && c.mixed_precision == "bf16",
-      mode == ParallelMode::kHsdp ? resolve_replicas(c.replicas, world) : 1};
+      mode == ParallelMode::kHsdp ? resolve_replicas(c.replicas, world) : 1, c.tp};
   if (fsdp) ensure_process_group(world);
   Model model;
   std::function<void(Model&)> materialize_fn;
@@ -318,7 +326,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
         c.model.from, tdist::models::LoadOptions()
                           .dtype(torch::kFloat)
                           .device(c.cpu_offload ? torch::Device(torch::kCPU) : world.device)
-                          .fully_shard(fsdp)
+                          .fully_shard(fsdp && c.tp == 1)
                           .fsdp_options(fsdp_options(world, parallel_options)));
   } else {
     {
@@ -375,20 +383,21 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
     if (result.start_step > 0) truncate_metrics_after(metrics_path, result.start_step);
     metrics = std::make_unique<MetricsWriter>(metrics_path, /*append=*/result.start_step > 0);
   }
-  const int64_t tokens_per_step = c.batch_size * block * c.grad_accum * world.world_size;
+  const int64_t tokens_per_step = c.batch_size * block * c.grad_accum * data_ranks;
   if (show) {
     out << "gpt: " << human_count(n_params) << " parameters ("
         << tdist::models::architecture_of(model_cfg.family) << ", " << c.model.describe() << ")\n"
         << "     " << world.world_size << (world.world_size == 1 ? " rank" : " ranks") << ", mode "
-        << result.mode << ", " << world.device.str() << ", " << torch::get_num_threads()
-        << " thread(s) per rank\n"
+        << result.mode << (c.tp > 1 ? " x tp " + std::to_string(c.tp) : std::string()) << ", "
+        << world.device.str() << ", " << torch::get_num_threads() << " thread(s) per rank\n"
         << "data: " << c.data_path << " (" << human_count(train_tokens.numel()) << " train / "
         << human_count(val_tokens.numel()) << " val tokens; tokenizer " << tokenizer_file << ", "
         << tokenizer.vocab_size() << " tokens)\n"
-        << "batch: " << c.batch_size << " x " << block << " tokens x " << world.world_size
-        << " rank(s) x " << c.grad_accum << " accum = " << tokens_per_step << " tokens/step; "
-        << c.steps << " steps, lr " << c.schedule.max_lr << " (warmup " << c.schedule.warmup_steps
-        << ", cosine to " << c.schedule.min_lr << ")\n"
+        << "batch: " << c.batch_size << " x " << block << " tokens x " << data_ranks
+        << (c.tp > 1 ? " model replica(s) x " : " rank(s) x ") << c.grad_accum
+        << " accum = " << tokens_per_step << " tokens/step; " << c.steps << " steps, lr "
+        << c.schedule.max_lr << " (warmup " << c.schedule.warmup_steps << ", cosine to "
+        << c.schedule.min_lr << ")\n"
         << "run dir: " << run_dir << "  (checkpoints: " << Checkpointer::backend_name() << ")\n";
     if (result.start_step > 0) {
       out << "resumed from step " << result.start_step;

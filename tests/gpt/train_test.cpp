@@ -377,6 +377,7 @@ TDIST_SCENARIO(gpt_train_tiny) {
   if (!config.model.from.empty()) config.tokenizer_path = gpt::default_tokenizer_path();
   config.checkpoint_interval = tdist::testing::env_int("GPT_TEST_CHECKPOINT_INTERVAL", 0);
   config.resume = tdist::testing::env_int("GPT_TEST_RESUME", 0) != 0;
+  config.tp = tdist::testing::env_int("GPT_TEST_TP", 1);
   if (const char* lr = std::getenv("GPT_TEST_LR")) {
     config.schedule.max_lr = std::atof(lr);
     config.schedule.min_lr = config.schedule.max_lr / 10;
@@ -515,6 +516,25 @@ TEST(GptTrain, ResumedAtAnotherWorldSizeSeesTheBatchesAnUninterruptedRunWould) {
     ASSERT_EQ(got.size(), 4u);
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[4 + i], 2e-3) << "step " << 5 + i;
   }
+}
+
+TEST(GptTrain, TensorParallelAtWorldFourFollowsFsdpAtWorldTwoAndResumesWithoutIt) {
+  // --tp 2 at world 4 is FSDP over 2 model replicas, each tensor-parallel over 2 ranks: the
+  // batches and the initial weights of FSDP at world 2, so the same losses. Its checkpoint
+  // holds each parameter's slice in whole-tensor coordinates, so it resumes at world 2
+  // without tensor parallelism and continues as the uninterrupted run.
+  const auto fsdp = train_in_processes(2, "fsdp", 8, 3);
+  const auto tp = train_in_processes(4, "fsdp", 8, 3,
+                                     {{"GPT_TEST_TP", "2"}, {"GPT_TEST_CHECKPOINT_INTERVAL", "4"}});
+  auto want = logged(fsdp, "train"), got = logged(tp, "train");
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(got[i], want[i], 2e-3) << "step " << i + 1;
+  const auto cut = cut_after(tp, 4);
+  train_in_processes(2, "fsdp", 8, 3, {{"GPT_TEST_RESUME", "1"}}, cut);
+  auto resumed = logged(cut, "train");
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(resumed[i], want[4 + i], 2e-3) << "step " << 5 + i;
 }
 
 // Exports `run_dir` in HF format and has transformers reload it: every parameter bitwise as
