@@ -11,10 +11,12 @@
 #include "tdist/error.h"
 #include "tdist/fsdp/clip_grad.h"
 #include "tdist/fsdp/forward.h"
+#include "tdist/fsdp/full_params.h"
 #include "tdist/mesh/device_mesh.h"
 #include "tdist/models/config.h"
 #include "tdist/models/pretrained.h"
 #include "tdist/models/tensor_parallel.h"
+#include "tdist/tensor/parallel/parallelize.h"
 
 namespace {
 
@@ -98,7 +100,8 @@ TDIST_SCENARIO(tensor_parallel_logits) {
   tdist::destroy_process_group();
 }
 
-// FSDP over dp of tensor-parallel decoder layers: three clipped AdamW steps.
+// FSDP over dp of tensor-parallel decoder layers: five clipped AdamW steps, then every
+// parameter gathered (FSDP, then tensor parallelism) equals the single process's.
 TDIST_SCENARIO(two_d_llama) {
   const models::ModelConfig config = models::ModelConfig::from_json(config_json("qwen2"));
   tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
@@ -108,7 +111,7 @@ TDIST_SCENARIO(two_d_llama) {
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const int64_t dp_rank = mesh.get_local_rank("dp");
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 5; ++step) {
     torch::manual_seed(70 + step);
     const at::Tensor ids = torch::randint(0, 61, {4, 9});
     const at::Tensor labels = torch::randint(0, 61, {4, 9});
@@ -131,6 +134,28 @@ TDIST_SCENARIO(two_d_llama) {
     tdist::all_reduce(mean, tdist::ReduceOp::AVG, mesh.get_group("dp"));
     EXPECT_NEAR(mean.item<double>(), ref_loss.item<double>(), 1e-6) << "step " << step;
     EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm) << "step " << step;
+  }
+  {
+    tdist::fsdp::SummonFullParams full(*model,
+                                       tdist::fsdp::SummonFullParamsOptions().writeback(false));
+    const auto ref_params = ref->named_parameters();
+    size_t compared = 0;
+    for (const auto& item : model->named_modules()) {
+      const bool parallel = tdist::tensor::parallel::style_of(*item.value()) != nullptr;
+      for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+        const std::string name = item.key() + "." + p.key();
+        const at::Tensor whole =
+            parallel
+                ? tdist::tensor::parallel::parameter_dtensor(*item.value(), p.key()).full_tensor()
+                : p.value();
+        const at::Tensor& want = *ref_params.find(name);
+        EXPECT_LE((whole - want).abs().max().item<double>(),
+                  1e-6 * std::max(1.0, want.abs().max().item<double>()))
+            << name << " after 5 steps";
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, ref_params.size());
   }
   tdist::destroy_process_group();
 }
