@@ -299,6 +299,11 @@ TEST(GptTrain, BadInputsAreNamed) {
   std::ofstream(config.model.config_file) << small_vocab.dump();
   expect_invalid_argument([&] { gpt::train(config, gpt::World{}, out); },
                           "more than the model's vocab_size");
+  // Tensor parallelism over more ranks than there are, or outside FSDP.
+  config.model.config_file.clear();
+  config.tp = 2;
+  expect_invalid_argument([&] { gpt::train(config, gpt::World{}, out); },
+                          "--tp 2 needs --mode fsdp");
 }
 
 #ifdef TDIST_GPT_WITH_CHECKPOINT

@@ -95,6 +95,15 @@ TDIST_SCENARIO(colwise_rowwise_mlp) {
   tdist::destroy_process_group();
 }
 
+void expect_error(const std::function<void()>& call, const std::string& expect) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one saying '" << expect << "'";
+  } catch (const tdist::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+  }
+}
+
 struct TinyLMImpl : torch::nn::Module {
   TinyLMImpl() {
     embed = register_module("embed", torch::nn::Embedding(11, 6));
@@ -137,6 +146,10 @@ TDIST_SCENARIO(vocab_parallel_lm) {
                "embed.weight (vocabulary rows)");
   expect_close(model->head->weight.grad(), chunk_of(ref->head->weight.grad(), 0, mesh),
                "head.weight");
+  // A target outside the classes, and logits not sharded along them, are named.
+  expect_error([&] { loss_parallel_cross_entropy(logits, labels + 20); }, "outside [0, 11)");
+  expect_error([&] { loss_parallel_cross_entropy(logits.redistribute({Replicate()}), labels); },
+               "sharded along the classes");
   const at::Tensor none =
       loss_parallel_cross_entropy(logits, labels, LossParallelOptions().reduction("none"));
   expect_close(none,
@@ -225,15 +238,6 @@ struct StackImpl : torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
 };
 TORCH_MODULE(Stack);
-
-void expect_error(const std::function<void()>& call, const std::string& expect) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one saying '" << expect << "'";
-  } catch (const tdist::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
-  }
-}
 
 TDIST_SCENARIO(plans_and_errors) {
   DeviceMesh mesh = init_device_mesh("cpu", {world_size()});

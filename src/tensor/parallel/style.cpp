@@ -142,10 +142,10 @@ at::Tensor masked_lookup(const TPState& state, torch::nn::EmbeddingImpl& embeddi
   const auto [rows, first] = local_shard_size_and_offset(layout.global_shape[0], state.mesh.size(0),
                                                          state.mesh.get_local_rank(0));
   const at::Tensor outside = (ids < first).logical_or(ids >= first + rows);
-  if (rows == 0) {
+  if (rows == 0) {  // more ranks than vocabulary rows: this rank holds none (an empty shard)
     std::vector<int64_t> shape = ids.sizes().vec();
     shape.push_back(layout.global_shape[1]);
-    return at::zeros(shape, embedding.weight.options()) + embedding.weight.sum();
+    return at::zeros(shape, embedding.weight.options());
   }
   const at::Tensor local_ids = (ids - first).masked_fill(outside, 0);
   return at::embedding(embedding.weight, local_ids).masked_fill(outside.unsqueeze(-1), 0);
