@@ -30,6 +30,8 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/error.h"
+#include "tdist/tensor/dtensor.h"
+#include "tdist/tensor/parallel/parallelize.h"
 #include "tdist/util/optimizer_state.h"
 #include "tdist/util/text.h"
 #include "tdist/util/torch_compat.h"
@@ -44,6 +46,9 @@ struct Entry {
   at::Tensor tensor;                      // the parameter or buffer itself
   const ShardedParam* sharded = nullptr;  // set when FSDP shards it
   ParamGroup* group = nullptr;            // the group communicating it
+  // Set when tensor parallelism distributed it: what FSDP (or nobody) shards is then this
+  // rank's tensor-parallel part, itself a slice of the whole tensor.
+  std::optional<tensor::parallel::ParameterPlacement> tensor_parallel;
 
   /// This rank's data: the local shard, or the whole tensor.
   at::Tensor local() const { return sharded ? sharded->local_shard() : tensor.detach(); }
@@ -79,6 +84,7 @@ ModuleEntries collect(const torch::nn::Module& module) {
       e.sharded = it->second.first;
       e.group = it->second.second;
     }
+    e.tensor_parallel = tensor::parallel::parameter_placement(e.tensor);
     out.param_names.emplace(e.tensor.unsafeGetTensorImpl(), item.key());
     out.entries[item.key()] = e;
   }
@@ -130,6 +136,29 @@ std::optional<ShardedTensor> slice_of(const at::Tensor& local, const ShardLayout
   return ShardedTensor{local, layout.shape, offsets};
 }
 
+/// Note [Tensor-parallel slices]: a tensor-parallel parameter's slice in whole-tensor
+/// coordinates: its part's offset (compute_local_shape_and_global_offset), plus FSDP's rows
+/// within that part. Checkpoints hold these, so they reshard across (dp, tp) layouts.
+ShardedTensor in_whole_tensor(ShardedTensor slice, const Entry& e) {
+  if (!e.tensor_parallel) return slice;
+  const auto& tp = *e.tensor_parallel;
+  const auto [part_shape, part_offset] =
+      tensor::compute_local_shape_and_global_offset(tp.global_shape, tp.mesh, tp.placements);
+  (void)part_shape;
+  std::vector<int64_t> offsets = part_offset;
+  for (size_t d = 0; d < offsets.size() && d < slice.offsets.size(); ++d) {
+    offsets[d] += slice.offsets[d];
+  }
+  return ShardedTensor{slice.local, tp.global_shape, offsets};
+}
+
+void refuse_full_with_tensor_parallel(const Entry& e, const std::string& name) {
+  TDIST_CHECK_ARG(!e.tensor_parallel,
+                  "full state dicts of tensor-parallel parameters ('" + name +
+                      "') are not provided; use the sharded state dict (the default), which "
+                      "tdist::checkpoint reshards to any layout");
+}
+
 /// The whole tensor sliced like `sp`, gathered over the shard group, padding bytes dropped.
 at::Tensor gather_full(const at::Tensor& local, const ShardedParam& sp, ParamGroup* group) {
   const ShardLayout& l = sp.layout();
@@ -159,6 +188,19 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
     TDIST_THROW(InvalidArgument, "set state dict" + on_rank() + ": '" + key + "': " + why);
   };
   if (!src.local.defined()) fail("undefined tensor");
+  if (e.tensor_parallel && full) refuse_full_with_tensor_parallel(e, key);
+  if (e.sharded == nullptr && e.tensor_parallel) {
+    const ShardedTensor expected = in_whole_tensor(ShardedTensor::whole(target), e);
+    if (src.global_shape != expected.global_shape || src.offsets != expected.offsets ||
+        src.local.sizes() != target.sizes()) {
+      fail("expected this rank's tensor-parallel part " + shape_str(target.sizes()) +
+           " at offsets " + shape_str(expected.offsets) + " of " +
+           shape_str(expected.global_shape) + ", got " + shape_str(src.local.sizes()) + " at " +
+           shape_str(src.offsets) + " of " + shape_str(src.global_shape));
+    }
+    target.copy_(src.local);
+    return;
+  }
   if (e.sharded == nullptr) {
     // Full state dicts: only the tensor itself counts; sharded ones must say it is whole.
     const bool whole = src.local.sizes() == target.sizes() &&
@@ -184,8 +226,9 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
     }
     return;
   }
-  const auto expected = slice_of(target, l);
+  auto expected = slice_of(target, l);
   if (!expected) return;  // a 0-dim tensor owned by another rank
+  expected = in_whole_tensor(*expected, e);
   if (src.global_shape != expected->global_shape || src.offsets != expected->offsets ||
       src.local.sizes() != expected->local.sizes()) {
     fail("expected this rank's slice " + shape_str(expected->local.sizes()) + " at offsets " +
@@ -320,12 +363,13 @@ ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
   for (const auto& [name, e] : me.entries) {
     if (!options.full_state_dict()) {
       if (e.sharded == nullptr) {
-        out[name] = ShardedTensor::whole(e.local());
+        out[name] = detail::in_whole_tensor(ShardedTensor::whole(e.local()), e);
       } else if (auto slice = detail::slice_of(e.local(), e.sharded->layout())) {
-        out[name] = *slice;
+        out[name] = detail::in_whole_tensor(*slice, e);
       }
       continue;
     }
+    detail::refuse_full_with_tensor_parallel(e, name);
     if (e.sharded != nullptr) {
       at::Tensor full = detail::gather_full(e.local(), *e.sharded, e.group);  // collective
       if (keep) out[name] = ShardedTensor::whole(detail::full_value(full, true, options));
@@ -376,10 +420,12 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
   if (!options.full_state_dict()) {
     for (const auto& [key, item] : items) {
       const detail::Entry& e = *item.entry;
-      if (item.field.is_step || e.sharded == nullptr) {
+      if (item.field.is_step) {
         out[key] = ShardedTensor::whole(item.field.tensor);
+      } else if (e.sharded == nullptr) {
+        out[key] = detail::in_whole_tensor(ShardedTensor::whole(item.field.tensor), e);
       } else if (auto slice = detail::slice_of(item.field.tensor, e.sharded->layout())) {
-        out[key] = *slice;
+        out[key] = detail::in_whole_tensor(*slice, e);
       }
     }
     return out;
@@ -388,6 +434,7 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
   const bool keep = !options.rank0_only() || detail::global_rank() == 0;
   for (const auto& [key, item] : items) {
     const detail::Entry& e = *item.entry;
+    if (!item.field.is_step) detail::refuse_full_with_tensor_parallel(e, key);
     if (!item.field.is_step && e.sharded != nullptr) {
       at::Tensor full = detail::gather_full(item.field.tensor, *e.sharded, e.group);
       if (keep) out[key] = ShardedTensor::whole(detail::full_value(full, true, options));

@@ -7,6 +7,7 @@
 
 #include "oracle.h"
 #include "support/ranks.h"
+#include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/clip_grad.h"
@@ -160,6 +161,89 @@ TDIST_SCENARIO(two_d_llama) {
   tdist::destroy_process_group();
 }
 
+// Checkpoints across layouts (Note [Tensor-parallel slices]): a qwen2 model trained one
+// AdamW step at (dp 2, tp 2) is saved; each layout loads it (LAYOUT: "dp4" FSDP alone over 4,
+// "tp2" tensor parallelism alone, "single" one plain process), takes a second step, and every
+// parameter equals the single process's after two steps (so the optimizer state came back).
+struct Layout {
+  std::shared_ptr<models::CausalLM> model;
+  int64_t dp_rank = 0, dp_size = 1;
+  bool sharded = false;
+  std::optional<tdist::mesh::DeviceMesh> mesh;
+};
+
+Layout make_layout(const std::string& name, const models::ModelConfig& config) {
+  Layout l;
+  l.model = build(config);
+  if (name == "single") return l;
+  const int64_t tp = name == "dp4" ? 1 : (name == "tp2" ? world_size() : 2);
+  l.mesh = tdist::mesh::init_device_mesh("cpu", {world_size() / tp, tp}, {"dp", "tp"});
+  if (tp > 1) models::apply_tensor_parallel(l.model, (*l.mesh)["tp"]);
+  models::fully_shard_model(l.model, tdist::fsdp::FullyShardOptions().mesh((*l.mesh)["dp"]));
+  l.dp_rank = l.mesh->get_local_rank("dp");
+  l.dp_size = world_size() / tp;
+  l.sharded = true;
+  return l;
+}
+
+void layout_step(Layout& l, torch::optim::Optimizer& opt, int step) {
+  torch::manual_seed(90 + step);
+  const at::Tensor ids = torch::randint(0, 61, {4, 9});
+  const int64_t rows = 4 / l.dp_size;
+  const at::Tensor mine = ids.narrow(0, rows * l.dp_rank, rows);
+  const at::Tensor logits =
+      l.sharded ? tdist::fsdp::forward(l.model, mine) : l.model->forward(mine);
+  models::causal_lm_loss(logits, mine).backward();
+  opt.step();
+  opt.zero_grad();
+}
+
+TDIST_SCENARIO(tensor_parallel_checkpoint) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json("qwen2"));
+  const std::string layout = env_str("LAYOUT"), dir = env_str("CKPT_DIR");
+  tdist::init_process_group();
+  Layout l = make_layout(layout == "save" ? "dp2tp2" : layout, config);
+  torch::optim::AdamW opt(l.model->parameters(), torch::optim::AdamWOptions(1e-2));
+  if (layout == "save") {
+    layout_step(l, opt, 0);
+    auto options = tdist::checkpoint::SaveOptions().fsync(false);
+    if (env_str("CKPT_FORMAT") == "dcp") options.format(tdist::checkpoint::CheckpointFormat::kDcp);
+    tdist::checkpoint::save_module(*l.model, &opt, {}, dir, options);
+    tdist::destroy_process_group();
+    return;
+  }
+  tdist::checkpoint::load_module(*l.model, &opt, dir);
+  layout_step(l, opt, 1);
+  // The single process's two steps, on every rank.
+  Layout ref;
+  ref.model = build(config);
+  torch::optim::AdamW ref_opt(ref.model->parameters(), torch::optim::AdamWOptions(1e-2));
+  layout_step(ref, ref_opt, 0);
+  layout_step(ref, ref_opt, 1);
+  const auto ref_params = ref.model->named_parameters();
+  std::optional<tdist::fsdp::SummonFullParams> full;
+  if (l.sharded) full.emplace(*l.model, tdist::fsdp::SummonFullParamsOptions().writeback(false));
+  size_t compared = 0;
+  for (const auto& item : l.model->named_modules()) {
+    const bool parallel = tdist::tensor::parallel::style_of(*item.value()) != nullptr;
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = item.key() + "." + p.key();
+      const at::Tensor whole =
+          parallel
+              ? tdist::tensor::parallel::parameter_dtensor(*item.value(), p.key()).full_tensor()
+              : p.value();
+      const at::Tensor& want = *ref_params.find(name);
+      EXPECT_LE((whole - want).abs().max().item<double>(),
+                1e-6 * std::max(1.0, want.abs().max().item<double>()))
+          << name << " loaded at " << layout;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, ref_params.size());
+  full.reset();
+  tdist::destroy_process_group();
+}
+
 TDIST_SCENARIO(tensor_parallel_errors) {
   tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
   auto llama = build(models::ModelConfig::from_json(config_json("llama")));  // 3 KV heads
@@ -221,6 +305,21 @@ TEST(TensorParallelModels, LossesEqualPyTorchTensorParallelism) {
   for (int world : {2, 4}) {
     run_oracle({"tp_steps", dir, std::to_string(world), "5"});
     run("tensor_parallel_like_pytorch", world, "llama", dir);
+  }
+}
+TEST(TensorParallelModels, ACheckpointSavedAtDp2Tp2LoadsAtEveryLayout) {
+  for (const std::string format : {"tdist", "dcp"}) {
+    SCOPED_TRACE(format + " format");
+    const std::string dir = make_temp_dir("tp-ckpt") + "/ckpt";
+    ProcessOptions options;
+    options.timeout = std::chrono::seconds(180);
+    options.env = {{"LAYOUT", "save"}, {"CKPT_DIR", dir}, {"CKPT_FORMAT", format}};
+    expect_all_ok(run_ranks_as_processes("tensor_parallel_checkpoint", 4, options));
+    for (const auto& [layout, world] :
+         std::vector<std::pair<std::string, int>>{{"dp4", 4}, {"tp2", 2}, {"single", 1}}) {
+      options.env = {{"LAYOUT", layout}, {"CKPT_DIR", dir}};
+      expect_all_ok(run_ranks_as_processes("tensor_parallel_checkpoint", world, options));
+    }
   }
 }
 TEST(TensorParallelModels, RefusesHeadsTheMeshDoesNotDivide) {
