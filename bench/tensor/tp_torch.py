@@ -15,12 +15,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import transformers
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "models", "python"))
+from hf_oracle import llama_tp_plan  # noqa: E402  (the plan the parity test uses)
+
 
 def rank_main(rank, world, init_file, args):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import parallelize_module
     path, batch, seq, steps, warmup = args
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
@@ -29,15 +31,7 @@ def rank_main(rank, world, init_file, args):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="sdpa")
     model.train()
-    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-            "lm_head": ColwiseParallel(output_layouts=Replicate())}
-    for i in range(len(model.model.layers)):
-        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                     "mlp.gate_proj", "mlp.up_proj"):
-            plan["model.layers.%d.%s" % (i, name)] = ColwiseParallel()
-        for name in ("self_attn.o_proj", "mlp.down_proj"):
-            plan["model.layers.%d.%s" % (i, name)] = RowwiseParallel()
-    parallelize_module(model, mesh, plan)
+    parallelize_module(model, mesh, llama_tp_plan(model))
     # The for-loop AdamW, as LibTorch's torch::optim::AdamW on the other side.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     torch.manual_seed(7)

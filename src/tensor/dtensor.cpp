@@ -1,6 +1,7 @@
 #include "tdist/tensor/dtensor.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 
@@ -68,12 +69,9 @@ c10::IValue capsule(const DeviceMesh& mesh, Placements from, Placements to,
       c10::make_intrusive<LayoutChange>(mesh, std::move(from), std::move(to), std::move(shape)));
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
-    strides[d] = strides[d + 1] * std::max<int64_t>(1, shape[d + 1]);
-  }
-  return strides;
+std::vector<int64_t> contiguous_strides_of(const std::vector<int64_t>& shape) {
+  const auto strides = c10::contiguous_strides(shape);
+  return {strides.begin(), strides.end()};
 }
 
 // PyTorch's compute_global_tensor_info: shards assumed even, strides of the dimensions
@@ -160,33 +158,6 @@ std::vector<int64_t> checked_global_shape(const at::Tensor& local, const DeviceM
   return extents;
 }
 
-// distribute_tensor's Shard step: `src`'s chunks scattered along the group (or, with no
-// source, each rank's own chunk).
-at::Tensor scatter_shards(const at::Tensor& t, int64_t d, const ProcessGroupPtr& group,
-                          std::optional<int> src) {
-  const int64_t k = group->size();
-  const int64_t n = t.size(d);
-  const auto [length, offset] = local_shard_size_and_offset(n, k, group->rank());
-  if (!src || t.numel() == 0)
-    return t.narrow(d, offset, length).clone(at::MemoryFormat::Contiguous);
-  const int64_t chunk = (n + k - 1) / k;
-  std::vector<int64_t> shape = t.movedim(d, 0).sizes().vec();
-  shape[0] = chunk;
-  at::Tensor out = at::empty(shape, t.options());
-  std::vector<at::Tensor> pieces;
-  if (group->rank() == *src) {
-    for (int64_t r = 0; r < k; ++r) {
-      const auto [len, off] = local_shard_size_and_offset(n, k, r);
-      at::Tensor piece = t.narrow(d, off, len);
-      std::vector<int64_t> pad = piece.sizes().vec();
-      pad[d] = chunk - len;
-      pieces.push_back(at::cat({piece, at::zeros(pad, t.options())}, d).movedim(d, 0).contiguous());
-    }
-  }
-  scatter(out, pieces, group->global_rank(*src), group);
-  return out.narrow(0, 0, length).movedim(0, d).contiguous();
-}
-
 at::Tensor replicated_from(const at::Tensor& t, const ProcessGroupPtr& group,
                            std::optional<int> src) {
   at::Tensor copy = t.clone(at::MemoryFormat::Contiguous);
@@ -212,7 +183,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh, Pla
   auto [shape, stride] = even_global_info(local, mesh, placements);
   if (options.run_check()) {
     shape = checked_global_shape(local, mesh, placements);
-    if (local.is_contiguous()) stride = contiguous_strides(shape);
+    if (local.is_contiguous()) stride = contiguous_strides_of(shape);
     for (int i = 0; i < mesh.ndim(); ++i) {
       if (!is_replicate(placements[i])) continue;
       TDIST_CHECK_ARG(local.is_contiguous(),
@@ -228,7 +199,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh, Pla
                     "DTensor::from_local: shape " + c10::str(c10::IntArrayRef(*options.shape())) +
                         " for a " + std::to_string(local.dim()) + "-D local tensor");
     shape = *options.shape();
-    stride = options.stride().value_or(contiguous_strides(shape));
+    stride = options.stride().value_or(contiguous_strides_of(shape));
     const auto expected = compute_local_shape_and_global_offset(shape, mesh, placements).first;
     TDIST_CHECK_ARG(
         expected == local.sizes().vec(),
@@ -306,7 +277,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, Plac
   for (int i = 0; i < mesh.ndim(); ++i) {
     const ProcessGroupPtr group = mesh.get_group(i);
     if (is_shard(placements[i])) {
-      t = scatter_shards(t, shard_dim(placements[i]), group, src_data_rank);
+      t = detail::scatter_shards(t, shard_dim(placements[i]), group, src_data_rank);
     } else {
       t = replicated_from(t, group, src_data_rank);
       if (is_partial(placements[i])) {

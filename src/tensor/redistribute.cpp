@@ -125,6 +125,26 @@ at::Tensor change_along(const at::Tensor& t, const Placement& from, const Placem
 
 }  // namespace
 
+at::Tensor scatter_shards(const at::Tensor& t, int64_t d, const ProcessGroupPtr& group,
+                          std::optional<int> src) {
+  if (!src || t.numel() == 0) return chunk_of(t, d, group);
+  const int64_t k = group->size();
+  const int64_t n = t.size(d);
+  const int64_t chunk = (n + k - 1) / k;
+  std::vector<int64_t> shape = t.movedim(d, 0).sizes().vec();
+  shape[0] = chunk;
+  at::Tensor out = at::empty(shape, t.options());
+  std::vector<at::Tensor> pieces;
+  if (group->rank() == *src) {
+    for (int64_t r = 0; r < k; ++r) {
+      const auto [length, offset] = local_shard_size_and_offset(n, k, r);
+      pieces.push_back(to_front(padded_along(t.narrow(d, offset, length), d, chunk), d));
+    }
+  }
+  scatter(out, pieces, group->global_rank(*src), group);
+  return from_front(out.narrow(0, 0, local_shard_size_and_offset(n, k, group->rank()).first), d);
+}
+
 at::Tensor partition_value(const at::Tensor& replica, ReduceOp op, int64_t size) {
   switch (op) {
     case ReduceOp::SUM:

@@ -21,6 +21,11 @@ at::Tensor redistribute_local(const at::Tensor& local, const mesh::DeviceMesh& m
                               const Placements& from, const Placements& to,
                               const std::vector<int64_t>& global_shape);
 
+/// distribute_tensor's Shard step along one mesh dimension: `src`'s torch.chunk pieces of
+/// dimension `d`, scattered over `group` (std::nullopt: each rank's own piece, no traffic).
+at::Tensor scatter_shards(const at::Tensor& t, int64_t d, const ProcessGroupPtr& group,
+                          std::optional<int> src);
+
 /// Replicate -> Partial along one mesh dimension of `size` ranks: the value each rank keeps
 /// so that the reduction gives the tensor back (SUM: divided by size; AVG, MIN, MAX: kept).
 at::Tensor partition_value(const at::Tensor& replica, ReduceOp op, int64_t size);

@@ -28,6 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using tdist::testing::expect_invalid_argument;
+
 gpt::TrainConfig tiny_config(const std::string& run_dir) {
   gpt::TrainConfig c;
   c.model.block_size = 32;
@@ -69,16 +71,6 @@ std::string run_python(const std::string& script, const std::string& args) {
 
 tdist::models::Tokenizer run_tokenizer(const std::string& run_dir) {
   return tdist::models::Tokenizer::from_file(gpt::model_files_dir(run_dir) + "/tokenizer.json");
-}
-
-template <typename Fn>
-void expect_invalid_argument(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "accepted; expected an error naming '" << needle << "'";
-  } catch (const tdist::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 std::vector<double> logged(const std::string& run_dir, const std::string& kind) {

@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include "oracle.h"
+#include "support/expect.h"
 #include "support/ranks.h"
+#include "support/tensors.h"
 #include "tdist/checkpoint/module_state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -51,16 +53,34 @@ std::shared_ptr<models::CausalLM> build(const models::ModelConfig& config) {
   return model;
 }
 
-at::Tensor chunk_of(const at::Tensor& t, int64_t dim, int64_t parts, int64_t index) {
-  const auto chunks = t.chunk(parts, dim);
-  return index < static_cast<int64_t>(chunks.size()) ? chunks[index] : t.narrow(dim, 0, 0);
+void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  tdist::testing::expect_close(a, b, what, 1e-9);
 }
 
-void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
-  ASSERT_TRUE(a.defined()) << what;
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  EXPECT_TRUE(torch::allclose(a, b, 1e-9, 1e-9))
-      << what << ": max difference " << (a - b).abs().max().item<double>();
+// Every parameter of `model` (FSDP-sharded or not, tensor-parallel or not) gathered whole
+// equals `ref`'s of the same name within 1e-6 relative; collective over the model's ranks.
+void expect_parameters_equal(const models::CausalLM& model, const models::CausalLM& ref,
+                             bool sharded, const std::string& when) {
+  std::optional<tdist::fsdp::SummonFullParams> full;
+  if (sharded) full.emplace(model, tdist::fsdp::SummonFullParamsOptions().writeback(false));
+  const auto ref_params = ref.named_parameters();
+  size_t compared = 0;
+  for (const auto& item : model.named_modules()) {
+    const bool parallel = tdist::tensor::parallel::style_of(*item.value()) != nullptr;
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = item.key() + "." + p.key();
+      const at::Tensor whole =
+          parallel
+              ? tdist::tensor::parallel::parameter_dtensor(*item.value(), p.key()).full_tensor()
+              : p.value();
+      const at::Tensor& want = *ref_params.find(name);
+      EXPECT_LE((whole - want).abs().max().item<double>(),
+                1e-6 * std::max(1.0, want.abs().max().item<double>()))
+          << name << " " << when;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, ref_params.size());
 }
 
 at::Tensor grad_of(const models::CausalLM& model, const std::string& name) {
@@ -84,18 +104,18 @@ TDIST_SCENARIO(tensor_parallel_logits) {
   for (const std::string name :
        {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
         "model.layers.0.mlp.up_proj.weight", "lm_head.weight"}) {
-    expect_close(grad_of(*model, name), chunk_of(grad_of(*ref, name), 0, k, r), name);
+    expect_close(grad_of(*model, name), chunk_piece(grad_of(*ref, name), 0, k, r), name);
   }
   expect_close(grad_of(*model, "model.embed_tokens.weight"),
-               chunk_of(grad_of(*ref, "model.embed_tokens.weight"), 0, k, r), "embed_tokens");
+               chunk_piece(grad_of(*ref, "model.embed_tokens.weight"), 0, k, r), "embed_tokens");
   expect_close(grad_of(*model, "model.layers.1.self_attn.o_proj.weight"),
-               chunk_of(grad_of(*ref, "model.layers.1.self_attn.o_proj.weight"), 1, k, r),
+               chunk_piece(grad_of(*ref, "model.layers.1.self_attn.o_proj.weight"), 1, k, r),
                "o_proj");
   expect_close(grad_of(*model, "model.layers.0.input_layernorm.weight"),
                grad_of(*ref, "model.layers.0.input_layernorm.weight"), "norm (replicated)");
   if (config.family == models::ModelFamily::kQwen2) {
     expect_close(grad_of(*model, "model.layers.0.self_attn.v_proj.bias"),
-                 chunk_of(grad_of(*ref, "model.layers.0.self_attn.v_proj.bias"), 0, k, r),
+                 chunk_piece(grad_of(*ref, "model.layers.0.self_attn.v_proj.bias"), 0, k, r),
                  "v bias");
   }
   tdist::destroy_process_group();
@@ -136,28 +156,7 @@ TDIST_SCENARIO(two_d_llama) {
     EXPECT_NEAR(mean.item<double>(), ref_loss.item<double>(), 1e-6) << "step " << step;
     EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm) << "step " << step;
   }
-  {
-    tdist::fsdp::SummonFullParams full(*model,
-                                       tdist::fsdp::SummonFullParamsOptions().writeback(false));
-    const auto ref_params = ref->named_parameters();
-    size_t compared = 0;
-    for (const auto& item : model->named_modules()) {
-      const bool parallel = tdist::tensor::parallel::style_of(*item.value()) != nullptr;
-      for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-        const std::string name = item.key() + "." + p.key();
-        const at::Tensor whole =
-            parallel
-                ? tdist::tensor::parallel::parameter_dtensor(*item.value(), p.key()).full_tensor()
-                : p.value();
-        const at::Tensor& want = *ref_params.find(name);
-        EXPECT_LE((whole - want).abs().max().item<double>(),
-                  1e-6 * std::max(1.0, want.abs().max().item<double>()))
-            << name << " after 5 steps";
-        ++compared;
-      }
-    }
-    EXPECT_EQ(compared, ref_params.size());
-  }
+  expect_parameters_equal(*model, *ref, /*sharded=*/true, "after 5 steps");
   tdist::destroy_process_group();
 }
 
@@ -220,39 +219,14 @@ TDIST_SCENARIO(tensor_parallel_checkpoint) {
   torch::optim::AdamW ref_opt(ref.model->parameters(), torch::optim::AdamWOptions(1e-2));
   layout_step(ref, ref_opt, 0);
   layout_step(ref, ref_opt, 1);
-  const auto ref_params = ref.model->named_parameters();
-  std::optional<tdist::fsdp::SummonFullParams> full;
-  if (l.sharded) full.emplace(*l.model, tdist::fsdp::SummonFullParamsOptions().writeback(false));
-  size_t compared = 0;
-  for (const auto& item : l.model->named_modules()) {
-    const bool parallel = tdist::tensor::parallel::style_of(*item.value()) != nullptr;
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      const std::string name = item.key() + "." + p.key();
-      const at::Tensor whole =
-          parallel
-              ? tdist::tensor::parallel::parameter_dtensor(*item.value(), p.key()).full_tensor()
-              : p.value();
-      const at::Tensor& want = *ref_params.find(name);
-      EXPECT_LE((whole - want).abs().max().item<double>(),
-                1e-6 * std::max(1.0, want.abs().max().item<double>()))
-          << name << " loaded at " << layout;
-      ++compared;
-    }
-  }
-  EXPECT_EQ(compared, ref_params.size());
-  full.reset();
+  expect_parameters_equal(*l.model, *ref.model, l.sharded, "loaded at " + layout);
   tdist::destroy_process_group();
 }
 
 TDIST_SCENARIO(tensor_parallel_errors) {
   tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
   auto llama = build(models::ModelConfig::from_json(config_json("llama")));  // 3 KV heads
-  try {
-    models::apply_tensor_parallel(llama, mesh);
-    ADD_FAILURE() << "3 key/value heads over 2 ranks were accepted";
-  } catch (const tdist::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("whole heads"), std::string::npos) << e.what();
-  }
+  expect_invalid_argument([&] { models::apply_tensor_parallel(llama, mesh); }, "whole heads");
   tdist::destroy_process_group();
 }
 

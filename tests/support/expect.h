@@ -6,6 +6,7 @@
 #include <string>
 
 #include <ATen/Context.h>
+#include <gtest/gtest.h>
 
 #include "tdist/error.h"
 
@@ -20,6 +21,17 @@ std::string error_of(Fn fn) {
     return e.what();
   }
   return "<no error>";
+}
+
+/// Expects `fn` to throw tdist::InvalidArgument whose message contains `needle`.
+template <typename Fn>
+void expect_invalid_argument(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "accepted; expected an error naming '" << needle << "'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 /// The Python the interchange tests run (TDIST_TEST_PYTHON, which CMake sets to the

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/expect.h"
 #include "support/ranks.h"
+#include "support/tensors.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/mesh/device_mesh.h"
@@ -28,17 +30,15 @@ at::Tensor expected_local(const at::Tensor& global, const DeviceMesh& mesh,
                           const Placements& placements) {
   at::Tensor t = global;
   for (int i = 0; i < mesh.ndim(); ++i) {
-    if (!is_shard(placements[i])) continue;
-    const int64_t d = shard_dim(placements[i]);
-    const auto chunks = t.chunk(mesh.size(i), d);
-    const int64_t index = mesh.get_local_rank(i);
-    if (index < static_cast<int64_t>(chunks.size())) {
-      t = chunks[index];
-    } else {
-      t = t.narrow(d, 0, 0);
+    if (is_shard(placements[i])) {
+      t = chunk_piece(t, shard_dim(placements[i]), mesh.size(i), mesh.get_local_rank(i));
     }
   }
   return t;
+}
+
+void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  tdist::testing::expect_close(a, b, what, 1e-12);
 }
 
 // The same global tensor on every rank (one seed), float64 so sums compare exactly enough.
@@ -52,11 +52,6 @@ std::vector<Placement> one_d_sources() {
 }
 std::vector<Placement> one_d_targets() {
   return {Shard(0), Shard(1), Replicate()};
-}
-
-void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  EXPECT_TRUE(torch::allclose(a, b, 1e-12, 1e-12)) << what << "\n" << a << "\n" << b;
 }
 
 TEST(ShardArithmetic, MatchesTorchChunk) {
@@ -228,62 +223,53 @@ TDIST_SCENARIO(from_local_run_check) {
   tdist::destroy_process_group();
 }
 
-void expect_error(const std::function<void()>& call, const std::string& expect) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one saying '" << expect << "'";
-  } catch (const tdist::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
-  }
-}
-
 TDIST_SCENARIO(errors) {
   DeviceMesh mesh = init_device_mesh("cpu", {world_size()});
   const at::Tensor t = torch::ones({4, 2});
-  expect_error(
+  expect_invalid_argument(
       [&] {
         distribute_tensor(t, mesh, {Shard(0), Shard(1)});
       },
       "give one placement per mesh dimension");
-  expect_error([&] { distribute_tensor(t, mesh, {Shard(2)}); }, "the dim must be in [-2, 2)");
-  expect_error([&] { distribute_tensor(t, mesh, {Shard(0)}, world_size()); },
-               "src_data_rank " + std::to_string(world_size()));
-  expect_error([&] { distribute_tensor(t, mesh, {Partial(tdist::ReduceOp::PRODUCT)}); },
-               "is not supported");
+  expect_invalid_argument([&] { distribute_tensor(t, mesh, {Shard(2)}); },
+                          "the dim must be in [-2, 2)");
+  expect_invalid_argument([&] { distribute_tensor(t, mesh, {Shard(0)}, world_size()); },
+                          "src_data_rank " + std::to_string(world_size()));
+  expect_invalid_argument([&] { distribute_tensor(t, mesh, {Partial(tdist::ReduceOp::PRODUCT)}); },
+                          "is not supported");
   const DTensor d = distribute_tensor(t, mesh, {Shard(0)});
-  expect_error([&] { d.redistribute({Partial()}); }, "moving to Partial is for internal use");
+  expect_invalid_argument([&] { d.redistribute({Partial()}); },
+                          "moving to Partial is for internal use");
   // Negative shard dims count from the end.
   EXPECT_EQ(d.redistribute({Shard(-1)}).placements(), (Placements{Shard(1)}));
   tdist::destroy_process_group();
 }
 
-void run(const std::string& scenario, int world, std::map<std::string, std::string> env = {}) {
+ProcessOptions with_mesh_rows(const std::string& rows) {
   ProcessOptions options;
-  options.env = std::move(env);
-  options.timeout = std::chrono::seconds(120);
-  expect_all_ok(run_ranks_as_processes(scenario, world, options));
+  options.env = {{"TDIST_MESH_ROWS", rows}};
+  return options;
 }
 
 TEST(DTensor, DistributeAndFullTensor) {
-  for (int world : {1, 2, 3, 4}) run("distribute_1d", world);
+  expect_all_ok_at_worlds("distribute_1d", {1, 2, 3, 4});
 }
 TEST(DTensor, RedistributeEveryPairOneDimensional) {
-  for (int world : {1, 2, 3, 4}) run("redistribute_1d", world);
+  expect_all_ok_at_worlds("redistribute_1d", {1, 2, 3, 4});
 }
 TEST(DTensor, RedistributeEveryPairTwoDimensional) {
-  run("redistribute_2d", 4, {{"TDIST_MESH_ROWS", "2"}});
-  run("redistribute_2d", 3, {{"TDIST_MESH_ROWS", "1"}});
-  run("redistribute_2d", 3, {{"TDIST_MESH_ROWS", "3"}});
-  run("redistribute_2d", 2, {{"TDIST_MESH_ROWS", "2"}});
+  expect_all_ok_at_worlds("redistribute_2d", {4, 2}, with_mesh_rows("2"));
+  expect_all_ok_at_worlds("redistribute_2d", {3}, with_mesh_rows("1"));
+  expect_all_ok_at_worlds("redistribute_2d", {3}, with_mesh_rows("3"));
 }
 TEST(DTensor, ColumnThenRowParallelMatchesOneProcess) {
-  for (int world : {1, 2, 3}) run("column_row_mlp", world);
+  expect_all_ok_at_worlds("column_row_mlp", {1, 2, 3});
 }
 TEST(DTensor, FromLocalRunCheck) {
-  for (int world : {1, 3, 4}) run("from_local_run_check", world);
+  expect_all_ok_at_worlds("from_local_run_check", {1, 3, 4});
 }
 TEST(DTensor, Errors) {
-  for (int world : {1, 2}) run("errors", world);
+  expect_all_ok_at_worlds("errors", {1, 2});
 }
 
 }  // namespace

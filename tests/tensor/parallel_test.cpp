@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/expect.h"
 #include "support/ranks.h"
+#include "support/tensors.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/mesh/device_mesh.h"
@@ -27,16 +29,11 @@ int world_size() {
 
 // This rank's torch.chunk piece of `t` along `dim` (the oracle for shards).
 at::Tensor chunk_of(const at::Tensor& t, int64_t dim, const DeviceMesh& mesh) {
-  const auto chunks = t.chunk(mesh.size(), dim);
-  const int64_t r = mesh.get_local_rank();
-  return r < static_cast<int64_t>(chunks.size()) ? chunks[r] : t.narrow(dim, 0, 0);
+  return chunk_piece(t, dim, mesh.size(), mesh.get_local_rank());
 }
 
-void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what,
-                  double tol = 1e-10) {
-  ASSERT_TRUE(a.defined()) << what << ": undefined";
-  ASSERT_EQ(a.sizes(), b.sizes()) << what;
-  EXPECT_TRUE(torch::allclose(a, b, tol, tol)) << what << "\n" << a << "\n" << b;
+void expect_close(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  tdist::testing::expect_close(a, b, what, 1e-10);
 }
 
 struct MLPImpl : torch::nn::Module {
@@ -95,15 +92,6 @@ TDIST_SCENARIO(colwise_rowwise_mlp) {
   tdist::destroy_process_group();
 }
 
-void expect_error(const std::function<void()>& call, const std::string& expect) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one saying '" << expect << "'";
-  } catch (const tdist::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
-  }
-}
-
 struct TinyLMImpl : torch::nn::Module {
   TinyLMImpl() {
     embed = register_module("embed", torch::nn::Embedding(11, 6));
@@ -147,9 +135,11 @@ TDIST_SCENARIO(vocab_parallel_lm) {
   expect_close(model->head->weight.grad(), chunk_of(ref->head->weight.grad(), 0, mesh),
                "head.weight");
   // A target outside the classes, and logits not sharded along them, are named.
-  expect_error([&] { loss_parallel_cross_entropy(logits, labels + 20); }, "outside [0, 11)");
-  expect_error([&] { loss_parallel_cross_entropy(logits.redistribute({Replicate()}), labels); },
-               "sharded along the classes");
+  expect_invalid_argument([&] { loss_parallel_cross_entropy(logits, labels + 20); },
+                          "outside [0, 11)");
+  expect_invalid_argument(
+      [&] { loss_parallel_cross_entropy(logits.redistribute({Replicate()}), labels); },
+      "sharded along the classes");
   const at::Tensor none =
       loss_parallel_cross_entropy(logits, labels, LossParallelOptions().reduction("none"));
   expect_close(none,
@@ -250,50 +240,48 @@ TDIST_SCENARIO(plans_and_errors) {
     EXPECT_EQ(mlp->up->weight.size(0), chunk_of(torch::zeros({10}), 0, mesh).size(0));
   }
   MLP mlp;
-  expect_error(
+  expect_invalid_argument(
       [&] {
         parallelize_module(mlp.ptr(), mesh, ParallelizePlan{{"upp", ColwiseParallel()}});
       },
       "plan key 'upp'");
-  expect_error([&] { parallelize_module(stack.ptr(), mesh, ColwiseParallel()); },
-               "shards Linear and Embedding");
-  expect_error(
+  expect_invalid_argument([&] { parallelize_module(stack.ptr(), mesh, ColwiseParallel()); },
+                          "shards Linear and Embedding");
+  expect_invalid_argument(
       [&] {
         tp::forward(mlp->down, torch::ones({2, 10}));
       },
       "has no tensor-parallel style");
   parallelize_module(mlp->down.ptr(), mesh, RowwiseParallel().use_local_output(false));
-  expect_error([&] { tp::forward(mlp->down, torch::ones({2, 10})); }, "call forward_dtensor");
-  expect_error([&] { parallelize_module(mlp->down.ptr(), mesh, RowwiseParallel()); },
-               "already parallelized");
+  expect_invalid_argument(
+      [&] {
+        tp::forward(mlp->down, torch::ones({2, 10}));
+      },
+      "call forward_dtensor");
+  expect_invalid_argument([&] { parallelize_module(mlp->down.ptr(), mesh, RowwiseParallel()); },
+                          "already parallelized");
   if (world_size() == 4) {
     DeviceMesh two_d = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-    expect_error([&] { parallelize_module(mlp->up.ptr(), two_d, ColwiseParallel()); },
-                 "mesh[\"tp\"]");
+    expect_invalid_argument([&] { parallelize_module(mlp->up.ptr(), two_d, ColwiseParallel()); },
+                            "mesh[\"tp\"]");
   }
   tdist::destroy_process_group();
 }
 
-void run(const std::string& scenario, int world) {
-  ProcessOptions options;
-  options.timeout = std::chrono::seconds(120);
-  expect_all_ok(run_ranks_as_processes(scenario, world, options));
-}
-
 TEST(TensorParallel, ColumnThenRowParallelLinearMatchesOneProcess) {
-  for (int world : {1, 2, 3, 4}) run("colwise_rowwise_mlp", world);
+  expect_all_ok_at_worlds("colwise_rowwise_mlp", {1, 2, 3, 4});
 }
 TEST(TensorParallel, VocabularyParallelEmbeddingAndLossParallel) {
-  for (int world : {1, 2, 3, 4}) run("vocab_parallel_lm", world);
+  expect_all_ok_at_worlds("vocab_parallel_lm", {1, 2, 3, 4});
 }
 TEST(TensorParallel, ColumnParallelEmbedding) {
-  for (int world : {2, 3}) run("colwise_embedding", world);
+  expect_all_ok_at_worlds("colwise_embedding", {2, 3});
 }
 TEST(TensorParallel, SequenceParallelBlock) {
-  for (int world : {1, 2, 3}) run("sequence_parallel_block", world);
+  expect_all_ok_at_worlds("sequence_parallel_block", {1, 2, 3});
 }
 TEST(TensorParallel, PlansAndErrors) {
-  for (int world : {1, 4}) run("plans_and_errors", world);
+  expect_all_ok_at_worlds("plans_and_errors", {1, 4});
 }
 
 }  // namespace

@@ -182,17 +182,12 @@ def fsdp2_rank(rank, world, init_file, path):
     os._exit(0)  # PyTorch 2.11's gloo threads can abort the interpreter's teardown
 
 
-def tp_rank(rank, world, init_file, path, steps):
-    from torch.distributed.device_mesh import init_device_mesh
+def llama_tp_plan(model):
+    """torchtitan's Llama plan with replicated logits, as tdist::models::tensor_parallel_plan
+    (also bench/tensor's PyTorch side)."""
     from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
-    model = load_model(path)
-    model.train()
     plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
             "lm_head": ColwiseParallel(output_layouts=Replicate())}
     for i in range(len(model.model.layers)):
@@ -201,7 +196,19 @@ def tp_rank(rank, world, init_file, path, steps):
             plan["model.layers.%d.%s" % (i, name)] = ColwiseParallel()
         for name in ("self_attn.o_proj", "mlp.down_proj"):
             plan["model.layers.%d.%s" % (i, name)] = RowwiseParallel()
-    parallelize_module(model, mesh, plan)
+    return plan
+
+
+def tp_rank(rank, world, init_file, path, steps):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = load_model(path)
+    model.train()
+    parallelize_module(model, mesh, llama_tp_plan(model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = load_file(os.path.join(path, "inputs.safetensors"))["input_ids"]
     losses = []
