@@ -120,9 +120,7 @@ int run_rank(const Options& o) {
     using torch::indexing::Slice;
     auto x = tokens.index({Slice(), Slice(0, -1)}).contiguous().to(world.device);
     auto y = tokens.index({Slice(), Slice(1, torch::indexing::None)}).contiguous().to(world.device);
-    auto logits = parallel->forward(x, /*sync=*/true);
-    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                     y.reshape({-1}));
+    auto loss = parallel->loss(x, y, /*sync=*/true);
     parallel->backward(loss);
     parallel->clip_grad_norm(1.0);
     optimizer.step();

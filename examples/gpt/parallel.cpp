@@ -45,8 +45,8 @@ class SingleParallel : public Parallel {
  public:
   explicit SingleParallel(Model model) : model_(std::move(model)) {}
   std::string name() const override { return "single"; }
-  torch::Tensor forward(const torch::Tensor& idx, bool /*sync*/) override {
-    return model_->forward(idx);
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool /*sync*/) override {
+    return model_->next_token_loss(x, y);
   }
   torch::Tensor forward_eval(const torch::Tensor& idx, tdist::models::KVCache* cache) override {
     return model_->forward(idx, cache);
@@ -79,10 +79,10 @@ class DdpParallel : public SingleParallel {
         ddp_(std::make_unique<tdist::ddp::DistributedDataParallel>(
             std::static_pointer_cast<torch::nn::Module>(model_))) {}
   std::string name() const override { return "ddp"; }
-  torch::Tensor forward(const torch::Tensor& idx, bool sync) override {
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool sync) override {
     no_sync_.reset();
     if (!sync) no_sync_.emplace(ddp_.get());  // held until this micro-step's backward
-    return ddp_->forward([&] { return model_->forward(idx); });
+    return ddp_->forward([&] { return model_->next_token_loss(x, y); });
   }
   // Evaluation calls the module directly: DDP's pre-forward would arm the reducer for a
   // backward that never comes.
@@ -106,9 +106,9 @@ class DdpParallel : public SingleParallel {
     for (auto& p : model_->parameters()) tdist::broadcast(p.data(), 0);
   }
   std::string name() const override { return "ddp (all-reduce)"; }
-  torch::Tensor forward(const torch::Tensor& idx, bool sync) override {
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool sync) override {
     sync_ = sync;
-    return model_->forward(idx);
+    return model_->next_token_loss(x, y);
   }
   void backward(const torch::Tensor& loss) override {
     loss.backward();
@@ -180,8 +180,8 @@ class FsdpParallel : public Parallel {
   }
   std::string name() const override { return shard_size_ == world_.world_size ? "fsdp" : "hsdp"; }
   // FSDP reduce-scatters on every backward; accumulation adds the reduced shards.
-  torch::Tensor forward(const torch::Tensor& idx, bool /*sync*/) override {
-    return tdist::fsdp::forward(model_, idx);
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool /*sync*/) override {
+    return tdist::fsdp::forward_method(model_, &tdist::models::CausalLM::next_token_loss, x, y);
   }
   torch::Tensor forward_eval(const torch::Tensor& idx, tdist::models::KVCache* cache) override {
     return tdist::fsdp::forward(model_, idx, cache);

@@ -35,10 +35,11 @@ class Parallel {
   virtual ~Parallel() = default;
   /// For the banner: "single", "ddp", "fsdp".
   virtual std::string name() const = 0;
-  /// Training forward: logits of idx. sync=false on the micro-steps before the last one of a
-  /// step: their backward accumulates gradients locally, without communication (where the
-  /// strategy can).
-  virtual torch::Tensor forward(const torch::Tensor& idx, bool sync) = 0;
+  /// Training forward: the mean next-token loss of x against y (CausalLM::next_token_loss;
+  /// under --tp the logits stay vocabulary-sharded). sync=false on the micro-steps before the
+  /// last one of a step: their backward accumulates gradients locally, without
+  /// communication (where the strategy can).
+  virtual torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool sync) = 0;
   /// Forward for evaluation and sampling (no backward follows), extending `cache` when given.
   /// Collective under FSDP: every rank must call it the same number of times.
   virtual torch::Tensor forward_eval(const torch::Tensor& idx,

@@ -438,8 +438,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
         TraceSpan span(tracer, "forward", "compute");
         AutocastGuard autocast(autocast_bf16, world.device.type());
         const bool sync = micro == c.grad_accum - 1;
-        loss = cross_entropy(parallel->forward(batch.x, sync), batch.y) /
-               static_cast<double>(c.grad_accum);
+        loss = parallel->loss(batch.x, batch.y, sync) / static_cast<double>(c.grad_accum);
       }
       {
         TraceSpan span(tracer, "backward", "compute");

@@ -3,8 +3,17 @@
 #include <ATen/ATen.h>
 
 #include "tdist/error.h"
+#include "tdist/tensor/parallel/parallelize.h"
 
 namespace tdist::models {
+namespace {
+
+// Losses are taken in float32 (as transformers' upcast) or in a wider dtype the model has.
+at::ScalarType loss_dtype(const at::Tensor& logits) {
+  return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace
 
 CausalLM::CausalLM(const std::string& name, ModelConfig config)
     : torch::nn::Module(name), config_(std::move(config)) {
@@ -12,11 +21,38 @@ CausalLM::CausalLM(const std::string& name, ModelConfig config)
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, KVCache* cache) {
+  check_input_ids(input_ids, cache != nullptr ? cache->length() : 0);
+  return logits(input_ids, cache);
+}
+
+at::Tensor CausalLM::next_token_loss(const at::Tensor& input_ids, const at::Tensor& targets) {
+  check_input_ids(input_ids, 0);
+  TDIST_CHECK_ARG(
+      targets.sizes() == input_ids.sizes() && !at::isFloatingType(targets.scalar_type()),
+      "next_token_loss: targets " + std::string(c10::toString(targets.scalar_type())) + " " +
+          c10::str(targets.sizes()) + " for input_ids " + c10::str(input_ids.sizes()) +
+          "; give the integer token that follows each input position");
+  const at::Tensor flat_targets = targets.reshape({-1}).to(at::kLong);
+  if (const auto sharded = vocab_parallel_logits(input_ids)) {
+    const at::Tensor local = sharded->to_local();
+    const at::Tensor rows = local.reshape({-1, local.size(-1)}).to(loss_dtype(local));
+    const tensor::DTensor logits =
+        tensor::DTensor::from_local(rows, sharded->device_mesh(), {tensor::Shard(1)},
+                                    tensor::FromLocalOptions().shape(std::vector<int64_t>{
+                                        rows.size(0), sharded->shape().back()}));
+    return tensor::parallel::loss_parallel_cross_entropy(logits, flat_targets.to(rows.device()));
+  }
+  const at::Tensor all = logits(input_ids, nullptr);
+  return at::cross_entropy_loss(all.reshape({-1, all.size(-1)}).to(loss_dtype(all)),
+                                flat_targets.to(all.device()), /*weight=*/{}, at::Reduction::Mean,
+                                /*ignore_index=*/-100);
+}
+
+void CausalLM::check_input_ids(const at::Tensor& input_ids, int64_t cached) const {
   TDIST_CHECK_ARG(input_ids.dim() == 2 && !at::isFloatingType(input_ids.scalar_type()),
                   "models: input_ids must be an integer tensor [batch, sequence], got " +
                       std::string(c10::toString(input_ids.scalar_type())) + " " +
                       c10::str(input_ids.sizes()));
-  const int64_t cached = cache != nullptr ? cache->length() : 0;
   const int64_t length = cached + input_ids.size(1);
   const bool extends = config_.family != ModelFamily::kGPT2 && config_.rope.type == "dynamic";
   TDIST_CHECK_ARG(length <= config_.max_position_embeddings || extends,
@@ -25,7 +61,6 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, KVCache* cache) {
                       " is longer than the model's max_position_embeddings (" +
                       std::to_string(config_.max_position_embeddings) +
                       "); split or crop the input");
-  return logits(input_ids, cache);
 }
 
 LayerContext CausalLM::layer_context(KVCache* cache) const {

@@ -27,6 +27,18 @@ std::pair<at::Tensor, at::Tensor> KVCache::append(int64_t layer, const at::Tenso
   return {k, v};
 }
 
+void KVCache::crop(int64_t length) {
+  TDIST_CHECK_ARG(length >= 0 && length <= length_, "KVCache::crop: " + std::to_string(length) +
+                                                        " positions of " + std::to_string(length_) +
+                                                        " cached");
+  for (auto* tensors : {&keys_, &values_}) {
+    for (at::Tensor& t : *tensors) {
+      if (t.defined()) t = t.narrow(2, 0, length);
+    }
+  }
+  length_ = length;
+}
+
 void KVCache::clear() {
   keys_.clear();
   values_.clear();

@@ -16,14 +16,21 @@ using mesh::DeviceMesh;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// A move between two layouts of one global tensor, kept in the autograd context.
+// A move between two layouts of one global tensor, kept in the autograd context, and the
+// layout the gradient of the moved tensor arrives in (by default `to`, normalized).
 struct LayoutChange : public torch::CustomClassHolder {
-  LayoutChange(DeviceMesh mesh, Placements from, Placements to, std::vector<int64_t> shape)
-      : mesh(std::move(mesh)), from(std::move(from)), to(std::move(to)), shape(std::move(shape)) {}
+  LayoutChange(DeviceMesh mesh, Placements from, Placements to, std::vector<int64_t> shape,
+               std::optional<Placements> grad)
+      : mesh(std::move(mesh)),
+        from(std::move(from)),
+        to(std::move(to)),
+        shape(std::move(shape)),
+        grad(grad ? std::move(*grad) : normalize_placements_for_grad(this->to)) {}
   DeviceMesh mesh;
   Placements from;
   Placements to;
   std::vector<int64_t> shape;
+  Placements grad;
 };
 
 c10::intrusive_ptr<LayoutChange> change_in(AutogradContext* ctx) {
@@ -31,7 +38,8 @@ c10::intrusive_ptr<LayoutChange> change_in(AutogradContext* ctx) {
 }
 
 // Forward: the move. Backward: the gradient moved back, from the placements it has (the
-// destination's, normalized) to the source's normalized placements (Note [DTensor autograd]).
+// destination's, normalized, unless the move said otherwise) to the source's normalized
+// placements (Note [DTensor autograd]).
 struct RedistributeFunction : public torch::autograd::Function<RedistributeFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& local, c10::IValue change) {
     ctx->saved_data["change"] = change;
@@ -41,8 +49,7 @@ struct RedistributeFunction : public torch::autograd::Function<RedistributeFunct
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto c = change_in(ctx);
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    return {detail::redistribute_local(grads[0].contiguous(), c->mesh,
-                                       normalize_placements_for_grad(c->to),
+    return {detail::redistribute_local(grads[0].contiguous(), c->mesh, c->grad,
                                        normalize_placements_for_grad(c->from), c->shape),
             at::Tensor()};
   }
@@ -64,9 +71,9 @@ struct ToLocalFunction : public torch::autograd::Function<ToLocalFunction> {
 };
 
 c10::IValue capsule(const DeviceMesh& mesh, Placements from, Placements to,
-                    std::vector<int64_t> shape) {
-  return c10::IValue::make_capsule(
-      c10::make_intrusive<LayoutChange>(mesh, std::move(from), std::move(to), std::move(shape)));
+                    std::vector<int64_t> shape, std::optional<Placements> grad = std::nullopt) {
+  return c10::IValue::make_capsule(c10::make_intrusive<LayoutChange>(
+      mesh, std::move(from), std::move(to), std::move(shape), std::move(grad)));
 }
 
 std::vector<int64_t> contiguous_strides_of(const std::vector<int64_t>& shape) {
@@ -246,6 +253,23 @@ DTensor DTensor::redistribute(Placements placements) const {
   }
   return DTensor(std::move(local), mesh_, std::move(placements), shape_, stride_);
 }
+
+namespace detail {
+
+at::Tensor moved_local(const DTensor& source, Placements to, Placements grad) {
+  const DeviceMesh& mesh = source.device_mesh();
+  to = checked_placements(std::move(to), mesh, source.dim(), "redistribute");
+  grad = checked_placements(std::move(grad), mesh, source.dim(), "redistribute (gradient)");
+  const at::Tensor& local = source.to_local();
+  if (!local.requires_grad() || !at::GradMode::is_enabled()) {
+    at::NoGradGuard no_grad;
+    return redistribute_local(local, mesh, source.placements(), to, source.shape());
+  }
+  return RedistributeFunction::apply(
+      local, capsule(mesh, source.placements(), std::move(to), source.shape(), std::move(grad)))[0];
+}
+
+}  // namespace detail
 
 int64_t DTensor::numel() const {
   int64_t n = 1;

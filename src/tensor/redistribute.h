@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tdist/mesh/device_mesh.h"
+#include "tdist/tensor/dtensor.h"
 #include "tdist/tensor/placement.h"
 
 namespace tdist::tensor::detail {
@@ -29,6 +30,12 @@ at::Tensor scatter_shards(const at::Tensor& t, int64_t d, const ProcessGroupPtr&
 /// Replicate -> Partial along one mesh dimension of `size` ranks: the value each rank keeps
 /// so that the reduction gives the tensor back (SUM: divided by size; AVG, MIN, MAX: kept).
 at::Tensor partition_value(const at::Tensor& replica, ReduceOp op, int64_t size);
+
+/// `source`'s local tensor moved to `to`, in the autograd graph, with its gradient arriving
+/// laid out as `grad`: one backward collective where redistribute + to_local(grad_placements)
+/// would take two (a Partial gradient of a gathered shard: one reduce-scatter, not an
+/// all-reduce and a chunk). The tensor-parallel styles' input moves.
+at::Tensor moved_local(const DTensor& source, Placements to, Placements grad);
 
 /// Shard dims made non-negative and checked against `ndim`; the count checked against the
 /// mesh. `what` names the caller in errors.

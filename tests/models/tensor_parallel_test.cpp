@@ -88,11 +88,17 @@ at::Tensor grad_of(const models::CausalLM& model, const std::string& name) {
   return params.find(name)->grad();
 }
 
+// SP=0 runs the plan without sequence parallelism (and without loss parallelism).
+models::TensorParallelOptions options_from_env() {
+  const bool sp = env_str("SP") != "0";
+  return models::TensorParallelOptions().sequence_parallel(sp).loss_parallel(sp);
+}
+
 TDIST_SCENARIO(tensor_parallel_logits) {
   const models::ModelConfig config = models::ModelConfig::from_json(config_json(env_str("FAMILY")));
   tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
   auto ref = build(config), model = build(config);
-  models::apply_tensor_parallel(model, mesh);
+  models::apply_tensor_parallel(model, mesh, options_from_env());
   const at::Tensor ids = torch::tensor({{3, 17, 60, 5, 9, 0, 41}, {8, 8, 2, 33, 59, 1, 12}});
   const at::Tensor weights = torch::linspace(-1, 1, 2 * 7 * 61, torch::kDouble).view({2, 7, 61});
   const at::Tensor ref_logits = ref->forward(ids);
@@ -121,13 +127,68 @@ TDIST_SCENARIO(tensor_parallel_logits) {
   tdist::destroy_process_group();
 }
 
-// FSDP over dp of tensor-parallel decoder layers: five clipped AdamW steps, then every
-// parameter gathered (FSDP, then tensor parallelism) equals the single process's.
-TDIST_SCENARIO(two_d_llama) {
-  const models::ModelConfig config = models::ModelConfig::from_json(config_json("qwen2"));
-  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+// The training loss with the head's logits kept vocabulary-sharded (loss parallelism, on a
+// sequence whose length the degree does not divide, with ignored targets): the loss and the
+// gradients equal the single process's cross-entropy.
+TDIST_SCENARIO(tensor_parallel_loss) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json(env_str("FAMILY")));
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
   auto ref = build(config), model = build(config);
-  models::apply_tensor_parallel(model, mesh["tp"]);
+  models::apply_tensor_parallel(model, mesh, options_from_env());
+  const at::Tensor ids = torch::tensor({{3, 17, 60, 5, 9, 0, 41, 7}, {8, 8, 2, 33, 59, 1, 12, 4}});
+  const at::Tensor targets =
+      torch::tensor({{17, 60, 5, -100, 0, 41, 7, 2}, {8, 2, 33, 59, 1, -100, 4, 60}});
+  const at::Tensor ref_loss = torch::nn::functional::cross_entropy(
+      ref->forward(ids).flatten(0, 1), targets.flatten(),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  ref_loss.backward();
+  const at::Tensor loss = model->next_token_loss(ids, targets);
+  EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-9);
+  loss.backward();
+  const int64_t k = world_size(), r = tdist::get_rank();
+  for (const std::string name :
+       {"lm_head.weight", "model.embed_tokens.weight", "model.layers.1.mlp.gate_proj.weight"}) {
+    expect_close(grad_of(*model, name), chunk_piece(grad_of(*ref, name), 0, k, r), name);
+  }
+  for (const std::string name : {"model.norm.weight", "model.layers.0.input_layernorm.weight",
+                                 "model.layers.1.post_attention_layernorm.weight"}) {
+    expect_close(grad_of(*model, name), grad_of(*ref, name), name + " (replicated)");
+  }
+  tdist::destroy_process_group();
+}
+
+// Greedy generation with a KV cache under sequence parallelism: a prompt of 5 and single
+// tokens after it, each padded to the degree and the padding dropped from the cache, give
+// the single process's logits at every step.
+TDIST_SCENARIO(tensor_parallel_generation) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json(env_str("FAMILY")));
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
+  auto ref = build(config), model = build(config);
+  models::apply_tensor_parallel(model, mesh, options_from_env());
+  torch::NoGradGuard no_grad;
+  models::KVCache cache, ref_cache;
+  at::Tensor ids = torch::tensor({{3, 17, 60, 5, 9}});
+  for (int step = 0; step < 4; ++step) {
+    const at::Tensor logits = model->forward(ids, &cache);
+    const at::Tensor ref_logits = ref->forward(ids, &ref_cache);
+    expect_close(logits, ref_logits, "step " + std::to_string(step));
+    EXPECT_EQ(cache.length(), ref_cache.length());
+    ids = ref_logits.select(1, -1).argmax(-1).view({1, 1});
+  }
+  tdist::destroy_process_group();
+}
+
+// FSDP over dp of tensor-parallel decoder layers: five clipped AdamW steps, then every
+// parameter gathered (FSDP, then tensor parallelism) equals the single process's. World 4:
+// (dp 2, tp 2) on qwen2; world 3: (dp 1, tp 3) on llama.
+TDIST_SCENARIO(two_d_llama) {
+  const bool tp3 = world_size() == 3;
+  const models::ModelConfig config =
+      models::ModelConfig::from_json(config_json(tp3 ? "llama" : "qwen2"));
+  const int64_t tp = tp3 ? 3 : 2, dp = world_size() / tp;
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
+  auto ref = build(config), model = build(config);
+  models::apply_tensor_parallel(model, mesh["tp"], options_from_env());
   models::fully_shard_model(model, tdist::fsdp::FullyShardOptions().mesh(mesh["dp"]));
   torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -143,10 +204,10 @@ TDIST_SCENARIO(two_d_llama) {
     ref_opt.step();
     ref_opt.zero_grad();
 
-    const at::Tensor rows = ids.narrow(0, 2 * dp_rank, 2);
-    const at::Tensor loss =
-        torch::nn::functional::cross_entropy(tdist::fsdp::forward(model, rows).flatten(0, 1),
-                                             labels.narrow(0, 2 * dp_rank, 2).flatten());
+    const int64_t per_rank = 4 / dp;
+    const at::Tensor loss = tdist::fsdp::forward_method(
+        model, &models::CausalLM::next_token_loss, ids.narrow(0, per_rank * dp_rank, per_rank),
+        labels.narrow(0, per_rank * dp_rank, per_rank));
     loss.backward();
     const double norm = tdist::fsdp::clip_grad_norm_(*model, 0.5).item<double>();
     opt.step();
@@ -255,22 +316,34 @@ TDIST_SCENARIO(tensor_parallel_like_pytorch) {
 }
 
 void run(const std::string& scenario, int world, const std::string& family = "llama",
-         const std::string& model_dir = "") {
+         const std::string& model_dir = "", bool sequence_parallel = true) {
   ProcessOptions options;
   options.timeout = std::chrono::seconds(180);
-  options.env = {{"FAMILY", family}, {"MODEL_DIR", model_dir}};
+  options.env = {
+      {"FAMILY", family}, {"MODEL_DIR", model_dir}, {"SP", sequence_parallel ? "1" : "0"}};
   expect_all_ok(run_ranks_as_processes(scenario, world, options));
 }
 
 TEST(TensorParallelModels, LlamaLogitsAndGradientsMatchOneProcess) {
   run("tensor_parallel_logits", 1, "llama");
   run("tensor_parallel_logits", 3, "llama");
+  run("tensor_parallel_logits", 3, "llama", "", /*sequence_parallel=*/false);
 }
 TEST(TensorParallelModels, Qwen2WithBiasesMatchesOneProcess) {
   run("tensor_parallel_logits", 2, "qwen2");
+  run("tensor_parallel_logits", 2, "qwen2", "", /*sequence_parallel=*/false);
+}
+TEST(TensorParallelModels, LossParallelEqualsCrossEntropyOfWholeLogits) {
+  run("tensor_parallel_loss", 3, "llama");
+  run("tensor_parallel_loss", 2, "qwen2", "", /*sequence_parallel=*/false);
+}
+TEST(TensorParallelModels, SequenceParallelGenerationMatchesOneProcess) {
+  run("tensor_parallel_generation", 3, "llama");
 }
 TEST(TensorParallelModels, FSDPOverTensorParallelTrainsAsOneProcess) {
   run("two_d_llama", 4);
+  run("two_d_llama", 3);
+  run("two_d_llama", 4, "qwen2", "", /*sequence_parallel=*/false);
 }
 TEST(TensorParallelModels, LossesEqualPyTorchTensorParallelism) {
   const std::string why = transformers_unavailable();

@@ -12,6 +12,7 @@
 // tdist::fsdp::forward(model, input_ids) when the root is sharded too.
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,6 +21,7 @@
 #include "tdist/models/config.h"
 #include "tdist/models/kv_cache.h"
 #include "tdist/models/layers.h"
+#include "tdist/tensor/dtensor.h"
 
 namespace tdist::models {
 
@@ -36,6 +38,14 @@ class CausalLM : public torch::nn::Module {
   /// scaling, whose purpose is longer sequences.
   at::Tensor forward(const at::Tensor& input_ids, KVCache* cache = nullptr);
 
+  /// The training loss: the mean cross-entropy (float32, or float64 for a float64 model) of the
+  /// logits at every position against `targets` [B, T], the tokens that follow (-100: ignored);
+  /// equal to cross_entropy(forward(input_ids), targets). With a vocabulary-parallel head
+  /// (apply_tensor_parallel's loss_parallel) the logits are never gathered: each rank keeps
+  /// its share of the vocabulary (loss_parallel_cross_entropy). On a sharded root call it
+  /// through tdist::fsdp::forward_method(model, &CausalLM::next_token_loss, ids, targets).
+  at::Tensor next_token_loss(const at::Tensor& input_ids, const at::Tensor& targets);
+
   /// Recompute each decoder layer's activations in backward instead of keeping them
   /// (tdist::fsdp::checkpointed_forward around every layer): less memory, one more forward.
   void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
@@ -50,8 +60,16 @@ class CausalLM : public torch::nn::Module {
   /// count filled in.
   LayerContext layer_context(KVCache* cache) const;
   virtual at::Tensor logits(const at::Tensor& input_ids, KVCache* cache) = 0;
+  /// Logits [B, T, vocab] sharded along the vocabulary, when the head is loss-parallel;
+  /// nullopt: next_token_loss uses logits().
+  virtual std::optional<tensor::DTensor> vocab_parallel_logits(const at::Tensor& input_ids) {
+    (void)input_ids;
+    return std::nullopt;
+  }
 
  private:
+  void check_input_ids(const at::Tensor& input_ids, int64_t cached) const;
+
   ModelConfig config_;
   bool activation_checkpointing_ = false;
 };

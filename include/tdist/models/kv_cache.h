@@ -23,6 +23,9 @@ class KVCache {
   /// layer's: [B, Hkv, length() + T, D]. The last layer's append advances length().
   std::pair<at::Tensor, at::Tensor> append(int64_t layer, const at::Tensor& keys,
                                            const at::Tensor& values, int64_t num_layers);
+  /// Keeps the first `length` positions (transformers' DynamicCache.crop): a forward that
+  /// ran over padding past its tokens forgets the padding's keys and values.
+  void crop(int64_t length);
   /// Forgets every position (a new sequence).
   void clear();
 

@@ -7,12 +7,14 @@
 // sliding-window attention per layer.
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include "tdist/mesh/device_mesh.h"
 #include "tdist/models/causal_lm.h"
 #include "tdist/models/layers.h"
 
@@ -78,6 +80,14 @@ class LlamaForCausalLM : public CausalLM {
 
  protected:
   at::Tensor logits(const at::Tensor& input_ids, KVCache* cache) override;
+  std::optional<tensor::DTensor> vocab_parallel_logits(const at::Tensor& input_ids) override;
+
+ private:
+  /// The final norm's output [B, T', H]: under sequence parallelism this rank's shard of
+  /// the sequence padded to T' (a multiple of the degree), else the whole sequence.
+  at::Tensor hidden_states(const at::Tensor& input_ids, KVCache* cache);
+  /// The tensor-parallel mesh when apply_tensor_parallel split the sequence; else nullopt.
+  std::optional<mesh::DeviceMesh> sequence_parallel_mesh() const;
 };
 
 }  // namespace tdist::models

@@ -10,6 +10,7 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tensor/parallel/tp_state.h"
+#include "tensor/redistribute.h"
 
 namespace tdist::tensor::parallel {
 namespace {
@@ -40,7 +41,8 @@ std::string SequenceParallel::to_string() const {
 
 std::string PrepareModuleInput::to_string() const {
   return "PrepareModuleInput(input_layouts=" + tensor::to_string(input_layouts_) +
-         ", desired_input_layouts=" + tensor::to_string(desired_input_layouts_) + ")";
+         ", desired_input_layouts=" + tensor::to_string(desired_input_layouts_) +
+         ", use_local_output=" + flag(use_local_output_) + ")";
 }
 
 std::string PrepareModuleOutput::to_string() const {
@@ -104,11 +106,25 @@ std::string unsupported(const TPState& state, const torch::nn::Module& module) {
 }
 
 // The local tensor `input` laid out as `from`, moved to `to`; its gradient will be laid out
-// as `grad` (Note [DTensor autograd]).
+// as `grad` (Note [DTensor autograd]), moved back in one collective.
 at::Tensor moved(const TPState& state, const at::Tensor& input, const Placement& from,
                  const Placement& to, const std::optional<Placement>& grad = std::nullopt) {
-  const DTensor d = DTensor::from_local(input, state.mesh, {from}).redistribute({to});
-  return grad ? d.to_local(Placements{*grad}) : d.to_local();
+  const DTensor d = DTensor::from_local(input, state.mesh, {from});
+  if (!grad) return d.redistribute({to}).to_local();
+  if (from == to) return d.to_local(Placements{*grad});
+  return tensor::detail::moved_local(d, {to}, {*grad});
+}
+
+// PrepareModuleInput's gather-once mode: the prepared input of the modules running now.
+thread_local std::vector<const c10::TensorImpl*> inputs_reduced_once;
+
+bool reduces_once(const TPState& state) {
+  const auto* s = as<PrepareModuleInput>(state);
+  return s != nullptr && !s->use_local_output() && is_replicate(s->desired_input_layouts());
+}
+
+bool reduced_once(const at::Tensor& input) {
+  return !inputs_reduced_once.empty() && inputs_reduced_once.back() == input.unsafeGetTensorImpl();
 }
 
 Placement rowwise_input(const TPState& state, const RowwiseParallel& style) {
@@ -198,7 +214,9 @@ at::Tensor prepare_input(const TPState& state, const at::Tensor& input) {
   if (const auto* s = as<ColwiseParallel>(state)) {
     if (state.kind == ModuleKind::kEmbedding)
       return moved(state, input, s->input_layouts(), Replicate());
-    // A replicated input meets column shards: each rank's gradient for it is partial.
+    // A replicated input meets column shards: each rank's gradient for it is partial, and
+    // reduced here unless the module that prepared it reduces its consumers' sum once.
+    if (is_replicate(s->input_layouts()) && reduced_once(input)) return input;
     return moved(state, input, s->input_layouts(), Replicate(), Partial());
   }
   if (const auto* s = as<RowwiseParallel>(state)) {
@@ -207,9 +225,20 @@ at::Tensor prepare_input(const TPState& state, const at::Tensor& input) {
     return moved(state, input, rowwise_input(state, *s), desired);
   }
   if (const auto* s = as<PrepareModuleInput>(state)) {
-    return moved(state, input, s->input_layouts(), s->desired_input_layouts());
+    const std::optional<Placement> grad =
+        reduces_once(state) ? std::optional<Placement>(Partial()) : std::nullopt;
+    return moved(state, input, s->input_layouts(), s->desired_input_layouts(), grad);
   }
   return input;
+}
+
+ReducedOnceScope::ReducedOnceScope(const TPState& state, const at::Tensor& prepared)
+    : active_(reduces_once(state)) {
+  if (active_) inputs_reduced_once.push_back(prepared.unsafeGetTensorImpl());
+}
+
+ReducedOnceScope::~ReducedOnceScope() {
+  if (active_) inputs_reduced_once.pop_back();
 }
 
 bool computes_itself(const TPState& state) {

@@ -59,6 +59,19 @@ bool computes_itself(const TPState& state);
 DTensor compute(const TPState& state, torch::nn::Module& module, const at::Tensor& input);
 DTensor prepare_output(const TPState& state, const at::Tensor& output);
 void check_local_output(const TPState& state);
+
+/// While a PrepareModuleInput(use_local_output(false)) module's forward runs: its prepared
+/// input, whose gradient is reduced once where it was prepared (see PrepareModuleInput).
+class ReducedOnceScope {
+ public:
+  ReducedOnceScope(const TPState& state, const at::Tensor& prepared);
+  ~ReducedOnceScope();
+  ReducedOnceScope(const ReducedOnceScope&) = delete;
+  ReducedOnceScope& operator=(const ReducedOnceScope&) = delete;
+
+ private:
+  bool active_;
+};
 }  // namespace detail
 
 /// Runs a parallelized module: its style moves the first input (a local tensor in the
@@ -69,6 +82,7 @@ DTensor forward_dtensor(Holder& module, const at::Tensor& input, Rest&&... rest)
   const detail::TPState& state = detail::state_of(*module, "forward_dtensor");
   const at::Tensor x = detail::prepare_input(state, input);
   if (detail::computes_itself(state)) return detail::compute(state, *module, x);
+  const detail::ReducedOnceScope reduced_once(state, x);
   return detail::prepare_output(state, module->forward(x, std::forward<Rest>(rest)...));
 }
 

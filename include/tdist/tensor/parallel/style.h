@@ -114,6 +114,16 @@ class SequenceParallel : public ParallelStyle {
 };
 
 /// Moves the module's first input from input_layouts to desired_input_layouts.
+///
+/// use_local_output(false) with a Replicate desired layout is torchtitan's "gather once"
+/// (PyTorch: the module receives a DTensor, and the column-parallel projections inside give
+/// it Partial gradients that are reduced once): the module still receives a local tensor,
+/// but the ColwiseParallel modules it passes that very tensor to leave their input gradients
+/// partial, and their sum is reduced here, once (a reduce-scatter back to a sequence shard),
+/// instead of once per projection. Every use of the input inside the module must then be a
+/// column-parallel module (attention's q/k/v, the MLP's gate/up), since any other use would
+/// give a whole gradient that the reduction counts once per rank. Default true: each consumer
+/// reduces its own gradient, correct whatever the module does.
 class PrepareModuleInput : public ParallelStyle {
  public:
   PrepareModuleInput& input_layouts(Placement p) {
@@ -124,13 +134,19 @@ class PrepareModuleInput : public ParallelStyle {
     desired_input_layouts_ = std::move(p);
     return *this;
   }
+  PrepareModuleInput& use_local_output(bool on) {
+    use_local_output_ = on;
+    return *this;
+  }
   const Placement& input_layouts() const { return input_layouts_; }
   const Placement& desired_input_layouts() const { return desired_input_layouts_; }
+  bool use_local_output() const { return use_local_output_; }
   std::string to_string() const override;
 
  private:
   Placement input_layouts_ = Replicate();
   Placement desired_input_layouts_ = Replicate();
+  bool use_local_output_ = true;
 };
 
 /// Moves the module's output from output_layouts to desired_output_layouts.
