@@ -292,20 +292,26 @@ TDIST_SCENARIO(tensor_parallel_errors) {
 }
 
 // The model transformers made, under tdist's tensor parallelism, five AdamW steps on the
-// oracle's inputs: the losses of PyTorch's tensor parallelism on the same model and mesh.
+// oracle's inputs: the losses of PyTorch's tensor parallelism on the same model and mesh,
+// with the same plan (SP=1: sequence parallelism and loss_parallel on both sides).
 TDIST_SCENARIO(tensor_parallel_like_pytorch) {
   const std::string dir = env_str("MODEL_DIR");
+  const bool sp = env_str("SP") != "0";
   tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cpu", {world_size()});
   auto model = models::from_pretrained(dir);
   model->train();
-  models::apply_tensor_parallel(model, mesh);
+  models::apply_tensor_parallel(model, mesh, options_from_env());
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const at::Tensor ids = tensor_from(dir + "/inputs.safetensors", "input_ids");
-  const at::Tensor expected =
-      tensor_from(dir + "/tp_steps_" + std::to_string(world_size()) + ".safetensors", "losses");
+  const at::Tensor expected = tensor_from(
+      dir + "/tp_steps_" + std::to_string(world_size()) + (sp ? "_sp" : "") + ".safetensors",
+      "losses");
   ASSERT_EQ(expected.numel(), 5);
+  // The token after each position; the last has none.
+  const at::Tensor targets = torch::cat(
+      {ids.narrow(1, 1, ids.size(1) - 1), torch::full({ids.size(0), 1}, -100, ids.options())}, 1);
   for (int step = 0; step < 5; ++step) {
-    const at::Tensor loss = models::causal_lm_loss(model->forward(ids), ids);
+    const at::Tensor loss = model->next_token_loss(ids, targets);
     loss.backward();
     opt.step();
     opt.zero_grad();
@@ -349,10 +355,11 @@ TEST(TensorParallelModels, LossesEqualPyTorchTensorParallelism) {
   const std::string why = transformers_unavailable();
   if (!why.empty()) GTEST_SKIP() << why;
   const std::string dir = oracle_model("llama_tp");
-  for (int world : {2, 4}) {
-    run_oracle({"tp_steps", dir, std::to_string(world), "5"});
-    run("tensor_parallel_like_pytorch", world, "llama", dir);
-  }
+  // World 2 with torchtitan's plain plan, world 4 with its sequence-parallel plan.
+  run_oracle({"tp_steps", dir, "2", "5"});
+  run("tensor_parallel_like_pytorch", 2, "llama", dir, /*sequence_parallel=*/false);
+  run_oracle({"tp_steps", dir, "4", "5", "sp"});
+  run("tensor_parallel_like_pytorch", 4, "llama", dir);
 }
 TEST(TensorParallelModels, ACheckpointSavedAtDp2Tp2LoadsAtEveryLayout) {
   for (const std::string format : {"tdist", "dcp"}) {

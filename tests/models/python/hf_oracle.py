@@ -9,10 +9,12 @@
                            each decoder layer, then the root) at WORLD ranks over gloo, rank r
                            on input row r: writes DIR/fsdp2_step.safetensors with each rank's
                            loss and every parameter's full gradient
-  tp_steps DIR WORLD N     N AdamW steps (lr 1e-3) of DIR's model under PyTorch's tensor
-                           parallelism (torchtitan's Llama plan, replicated logits) at WORLD
-                           ranks over gloo, every rank on input_ids: writes
-                           DIR/tp_steps_WORLD.safetensors with the loss of each step
+  tp_steps DIR WORLD N [sp]
+                           N AdamW steps (lr 1e-3) of DIR's model under PyTorch's tensor
+                           parallelism (torchtitan's Llama plan, replicated logits; with "sp"
+                           its sequence-parallel plan and loss_parallel) at WORLD ranks over
+                           gloo, every rank on input_ids: writes
+                           DIR/tp_steps_WORLD[_sp].safetensors with the loss of each step
   check_export DIR REF     loads DIR with AutoModelForCausalLM.from_pretrained; every parameter
                            must equal REF's tensor of the same name bitwise, and its logits on
                            DIR/inputs.safetensors must equal REF's "logits" within 1e-5
@@ -199,7 +201,54 @@ def llama_tp_plan(model):
     return plan
 
 
-def tp_rank(rank, world, init_file, path, steps):
+def llama_sp_plan(model):
+    """torchtitan's Llama plan with sequence parallelism and a vocabulary-sharded head for
+    loss_parallel, as tdist::models::tensor_parallel_plan's default (also bench/tensor's). The
+    residual stream stays a DTensor (use_local_output=False) so that transformers' model
+    code, which adds residuals and reads hidden_states.shape, sees the whole sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(),
+                                                  output_layouts=Shard(1),
+                                                  use_local_output=False),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                       use_local_output=False)}
+    for i in range(len(model.model.layers)):
+        layer = "model.layers.%d." % i
+        plan[layer + "input_layernorm"] = SequenceParallel()
+        plan[layer + "post_attention_layernorm"] = SequenceParallel()
+        plan[layer + "self_attn"] = PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        plan[layer + "mlp"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                 desired_input_layouts=(Replicate(),))
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                     "mlp.up_proj"):
+            plan[layer + name] = ColwiseParallel()
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            plan[layer + name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    return plan
+
+
+def tp_loss(model, ids, sp):
+    """The causal LM loss; with sp the logits are vocabulary-sharded: loss_parallel."""
+    if not sp:
+        return model(ids, labels=ids).loss
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    with loss_parallel():
+        logits = model(ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                 ids[:, 1:].flatten())
+        loss.backward()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def tp_rank(rank, world, init_file, path, steps, sp):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -208,19 +257,20 @@ def tp_rank(rank, world, init_file, path, steps):
     mesh = init_device_mesh("cpu", (world,))
     model = load_model(path)
     model.train()
-    parallelize_module(model, mesh, llama_tp_plan(model))
+    parallelize_module(model, mesh, llama_sp_plan(model) if sp else llama_tp_plan(model))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = load_file(os.path.join(path, "inputs.safetensors"))["input_ids"]
     losses = []
     for _ in range(steps):
-        loss = model(ids, labels=ids).loss
-        loss.backward()
+        loss = tp_loss(model, ids, sp)
+        if not sp:
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.detach().reshape(1))
     if rank == 0:
         save_file({"losses": torch.cat(losses)},
-                  os.path.join(path, "tp_steps_%d.safetensors" % world))
+                  os.path.join(path, "tp_steps_%d%s.safetensors" % (world, "_sp" if sp else "")))
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -228,9 +278,9 @@ def tp_rank(rank, world, init_file, path, steps):
     os._exit(0)  # PyTorch 2.11's gloo threads can abort the interpreter's teardown
 
 
-def tp_steps(path, world, steps):
+def tp_steps(path, world, steps, sp=False):
     init_file = os.path.join(tempfile.mkdtemp(), "init")
-    mp.spawn(tp_rank, args=(world, init_file, path, steps), nprocs=world)
+    mp.spawn(tp_rank, args=(world, init_file, path, steps, sp), nprocs=world)
 
 
 def fsdp2_step(path, world):
@@ -284,7 +334,7 @@ def main():
     elif command == "fsdp2_step":
         fsdp2_step(sys.argv[2], int(sys.argv[3]))
     elif command == "tp_steps":
-        tp_steps(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        tp_steps(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] == ["sp"])
     elif command == "check_export":
         check_export(sys.argv[2], sys.argv[3])
     elif command == "moved":
