@@ -1,8 +1,9 @@
 // Tensor-parallel training steps of a Llama folder (tdist::models::apply_tensor_parallel over
-// every rank: torchtitan's plan, replicated logits), timed per step, with the bytes each rank
-// sent in one step counted from the flight recorder's records and set beside the plan's
-// formula. Run with tdistrun (bench/tensor/run.sh); rank 0 prints one JSON line:
-//   tdistrun --standalone --nproc-per-node 4 bench_tensor_parallel DIR BATCH SEQ STEPS WARMUP
+// every rank: torchtitan's plan, "plain" with replicated logits or "sp" with sequence and loss
+// parallelism), timed per step, with the bytes each rank sent in one step counted from the
+// flight recorder's records and set beside the plan's formula. Run with tdistrun
+// (bench/tensor/run.sh); rank 0 prints one JSON line:
+//   tdistrun --standalone --nproc-per-node 4 bench_tensor_parallel DIR BATCH SEQ STEPS WARMUP MODE
 
 #include <algorithm>
 #include <cstdlib>
@@ -29,34 +30,40 @@ double ring_bytes(const tdist::CollectiveRecord& r) {
   double elements = 1;
   for (int64_t s : r.shapes.front()) elements *= static_cast<double>(s);
   const double bytes = elements * 4;  // float32 (checked by the caller)
-  // The recorder keeps each collective's input: an all-gather's is this rank's part.
+  // The recorder keeps this rank's part of an all-gather (its input) and of a reduce-scatter
+  // (its output), the whole tensor of the others.
   if (r.op == "all_reduce") return 2 * (k - 1) / k * bytes;
-  if (r.op == "all_gather_into_tensor") return (k - 1) * bytes;
-  if (r.op == "reduce_scatter_tensor" || r.op == "all_to_all_single") return (k - 1) / k * bytes;
+  if (r.op == "all_gather_into_tensor" || r.op == "reduce_scatter_tensor") return (k - 1) * bytes;
+  if (r.op == "all_to_all_single") return (k - 1) / k * bytes;
   return bytes;  // anything else would be unexpected in a step; counted whole
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 6) {
-    std::fprintf(stderr, "usage: %s DIR BATCH SEQ STEPS WARMUP\n", argv[0]);
+  if (argc < 7 || (std::string(argv[6]) != "plain" && std::string(argv[6]) != "sp")) {
+    std::fprintf(stderr, "usage: %s DIR BATCH SEQ STEPS WARMUP plain|sp\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const int64_t batch = std::stoll(argv[2]), seq = std::stoll(argv[3]);
   const int steps = std::stoi(argv[4]), warmup = std::stoi(argv[5]);
+  const bool sp = std::string(argv[6]) == "sp";
   torch::set_num_threads(1);
   tdist::init_process_group();
   const int rank = tdist::get_rank(), world = tdist::get_world_size();
   auto mesh = tdist::mesh::init_device_mesh("cpu", {world});
   auto model = tdist::models::from_pretrained(dir);
   model->train();
-  tdist::models::apply_tensor_parallel(model, mesh);
+  tdist::models::apply_tensor_parallel(
+      model, mesh, tdist::models::TensorParallelOptions().sequence_parallel(sp).loss_parallel(sp));
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-4));
   const auto& c = model->config();
   torch::manual_seed(7);
   const torch::Tensor ids = torch::randint(0, c.vocab_size, {batch, seq});
+  // The token after each position (transformers' labels=ids); the last has none.
+  const torch::Tensor targets =
+      torch::cat({ids.narrow(1, 1, seq - 1), torch::full({batch, 1}, -100, ids.options())}, 1);
 
   std::vector<double> step_ms;
   double sent = 0;
@@ -67,7 +74,7 @@ int main(int argc, char** argv) {
     const auto records_before = tdist::flight_recorder_records();
     const uint64_t last_id = records_before.empty() ? 0 : records_before.back().id;
     const auto start = std::chrono::steady_clock::now();
-    const torch::Tensor l = tdist::models::causal_lm_loss(model->forward(ids), ids);
+    const torch::Tensor l = model->next_token_loss(ids, targets);
     l.backward();
     optimizer.step();
     optimizer.zero_grad();
@@ -91,17 +98,25 @@ int main(int argc, char** argv) {
   const double k = world, n = static_cast<double>(batch * seq);
   const double h = static_cast<double>(c.hidden_size), v = static_cast<double>(c.vocab_size);
   const double layers = static_cast<double>(c.num_hidden_layers);
-  // The plan's traffic (Note in docs/tensor_parallel.md, "Benchmark"): all-reduces of [N, H]
-  // activations (the embedding's and 2 per layer forward; q, k, v, gate, up's input gradients
-  // and the head's backward), and the all-gather of the [N, V] logits.
-  const double formula = (7 * layers + 2) * 2 * (k - 1) / k * 4 * n * h + (k - 1) / k * 4 * n * v;
+  // The plan's traffic (docs/tensor_parallel.md, "Benchmark"), in units of (k - 1) / k * 4
+  // bytes. plain: all-reduces of [N, H] activations (the embedding's and 2 per layer
+  // forward; q, k, v, gate, up's input gradients and the head's backward), and the
+  // all-gather of the [N, V] logits. sp: per layer 4 all-gathers and 4 reduce-scatters of
+  // [N, H] (attention's and the MLP's input gathered once, their outputs reduce-scattered,
+  // and the reverse in backward), the embedding's and the head's 2 each; all-reduces of the
+  // norms' [H] weight gradients (2 per layer and the final one) and loss_parallel's 3 of [N].
+  const double unit = (k - 1) / k * 4;
+  const double formula =
+      sp ? unit * ((8 * layers + 4) * n * h + 2 * (2 * layers + 1) * h + 2 * 3 * n)
+         : unit * ((7 * layers + 2) * 2 * n * h + n * v);
   if (rank == 0) {
     std::printf(
-        "{\"impl\": \"tdist\", \"world\": %d, \"step_ms_median\": %.3f, \"step_ms_min\": %.3f, "
+        "{\"impl\": \"tdist\", \"mode\": \"%s\", \"world\": %d, \"step_ms_median\": %.3f, "
+        "\"step_ms_min\": %.3f, "
         "\"step_ms_max\": %.3f, \"loss\": %.6f, \"bytes_sent\": %.0f, \"bytes_formula\": %.0f, "
         "\"float32\": %s}\n",
-        world, timed[timed.size() / 2], timed.front(), timed.back(), loss, sent, formula,
-        float32 ? "true" : "false");
+        sp ? "sp" : "plain", world, timed[timed.size() / 2], timed.front(), timed.back(), loss,
+        sent, formula, float32 ? "true" : "false");
   }
   tdist::destroy_process_group();
   return 0;

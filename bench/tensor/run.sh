@@ -1,13 +1,15 @@
 #!/bin/sh
 # Tensor parallelism side by side with PyTorch's (bench/RESULTS.md, "Tensor parallelism"): the
-# same transformers Llama folder, plan (torchtitan's, replicated logits), batch and for-loop
-# AdamW at WORLD ranks over gloo on the CPU; ROUNDS alternating runs of each side.
-#   sh bench/tensor/run.sh [build-dir] [WORLD] [ROUNDS]
+# same transformers Llama folder, plan (torchtitan's: MODE plain, replicated logits; sp,
+# sequence parallelism and loss_parallel), batch and for-loop AdamW at WORLD ranks over gloo
+# on the CPU; ROUNDS alternating runs of each side.
+#   sh bench/tensor/run.sh [build-dir] [WORLD] [ROUNDS] [MODE]
 # Exits 1 when the first steps' losses disagree or tdist's bytes miss the formula by > 1%.
 set -eu
 build=${1:-build}
 world=${2:-4}
 rounds=${3:-3}
+mode=${4:-plain}
 here=$(cd "$(dirname "$0")" && pwd)
 python=${TDIST_PYTHON:-$here/../../.venv/bin/python}
 bin="$build/bench/tensor/bench_tensor_parallel"
@@ -18,9 +20,9 @@ trap 'rm -rf "$work"' EXIT
 batch=4 seq=128 steps=5 warmup=2
 for i in $(seq "$rounds"); do
   OMP_NUM_THREADS=1 "$build/tools/tdistrun/tdistrun" --standalone --nproc-per-node "$world" \
-    "$bin" "$work/model" $batch $seq $steps $warmup | sed -n 's/^.*\({"impl".*\)$/\1/p' >> "$work/rows"
+    "$bin" "$work/model" $batch $seq $steps $warmup "$mode" | sed -n 's/^.*\({"impl".*\)$/\1/p' >> "$work/rows"
   OMP_NUM_THREADS=1 "$python" "$here/tp_torch.py" "$work/model" $batch $seq $steps $warmup \
-    "$world" | sed -n 's/^.*\({"impl".*\)$/\1/p' >> "$work/rows"
+    "$world" "$mode" | sed -n 's/^.*\({"impl".*\)$/\1/p' >> "$work/rows"
 done
 exec "$python" - "$work/rows" <<'PY'
 import json, statistics, sys
@@ -30,6 +32,7 @@ p = [r for r in rows if r["impl"] == "pytorch"]
 tm = statistics.median(r["step_ms_median"] for r in t)
 pm = statistics.median(r["step_ms_median"] for r in p)
 ratios = sorted(b["step_ms_median"] / a["step_ms_median"] for a, b in zip(t, p))
+print("%s plan, " % t[0]["mode"], end="")
 print("world %d, %d rounds: tdist step %.1f ms, PyTorch %.1f ms; tdist step rate %.2fx PyTorch's"
       " (per round %s)" % (t[0]["world"], len(t), tm, pm, pm / tm,
                             ", ".join("%.2f" % r for r in ratios)))
