@@ -5,7 +5,8 @@
 #     dtype at world 1 over NCCL), test_gloo_cuda (worlds 2 and 3 sharing the GPU over Gloo:
 #     NCCL refuses two ranks on one GPU), test_train_cuda (FSDP fp32 / bf16 / offload parity,
 #     DDP parity, checkpoints CUDA -> CPU -> CUDA), test_gpt's CUDA case, test_models' CUDA
-#     case (a Qwen2 folder loaded onto the GPU computes what the CPU does);
+#     cases (a Qwen2 folder loaded onto the GPU computes what the CPU does; the tensor-parallel
+#     plan with sequence and loss parallelism on CUDA tensors at world 1, and 2 over Gloo);
 #  2. collectives: tdist NCCL (world 1) and Gloo on CUDA tensors (world 2) beside
 #     torch.distributed on the same GPU, ops and sizes (bench/collectives/gpu_collectives_*);
 #  3. training: a 116M-parameter GPT at world 1: plain LibTorch, tdist FSDP, tdist FSDP with
@@ -103,8 +104,9 @@ for suite in "${SUITES[@]:1}"; do
   run_part "$suite" 240 "$BIN/$suite" &
 done
 run_part test_gpt_cuda 180 "$BIN/test_gpt" --gtest_filter='GptTrain.Cuda*:GptDevice.*' &
-# The model families on the GPU (the transformers oracle is not installed there).
-run_part test_models_cuda 120 "$BIN/test_models" --gtest_filter='ModelsOnCuda.*' &
+# The model families on the GPU, tensor parallelism included (the transformers oracle is not
+# installed there).
+run_part test_models_cuda 180 "$BIN/test_models" --gtest_filter='ModelsOnCuda.*' &
 wait
 for suite in "${SUITES[@]}"; do
   suite_summary "$suite" 15

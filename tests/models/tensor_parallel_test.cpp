@@ -321,6 +321,36 @@ TDIST_SCENARIO(tensor_parallel_like_pytorch) {
   tdist::destroy_process_group();
 }
 
+// On the GPU (tools/gpu-check.sh): the sequence-parallel plan with loss parallelism moves its
+// DTensors between CUDA tensors (world 1; world 2 shares the GPU over Gloo) and computes the
+// loss, gradients and logits the plain model does there.
+TDIST_SCENARIO(tensor_parallel_cuda) {
+  const models::ModelConfig config = models::ModelConfig::from_json(config_json("qwen2"));
+  tdist::mesh::DeviceMesh mesh = tdist::mesh::init_device_mesh("cuda", {world_size()});
+  auto ref = build(config), model = build(config);
+  ref->to(torch::kCUDA);
+  model->to(torch::kCUDA);
+  models::apply_tensor_parallel(model, mesh);
+  const at::Tensor ids = torch::tensor({{3, 17, 60, 5, 9, 0, 41}, {8, 8, 2, 33, 59, 1, 12}}).cuda();
+  const at::Tensor targets =
+      torch::tensor({{17, 60, 5, 9, 0, 41, -100}, {8, 2, 33, 59, 1, 12, 4}}).cuda();
+  const at::Tensor ref_loss = ref->next_token_loss(ids, targets);
+  const at::Tensor loss = model->next_token_loss(ids, targets);
+  EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-9);
+  ref_loss.backward();
+  loss.backward();
+  const int64_t k = world_size(), r = tdist::get_rank();
+  for (const std::string name : {"lm_head.weight", "model.layers.0.self_attn.q_proj.weight"}) {
+    expect_close(grad_of(*model, name).cpu(), chunk_piece(grad_of(*ref, name).cpu(), 0, k, r),
+                 name);
+  }
+  expect_close(grad_of(*model, "model.norm.weight").cpu(), grad_of(*ref, "model.norm.weight").cpu(),
+               "norm (replicated)");
+  torch::NoGradGuard no_grad;
+  expect_close(model->forward(ids).cpu(), ref->forward(ids).cpu(), "logits");
+  tdist::destroy_process_group();
+}
+
 void run(const std::string& scenario, int world, const std::string& family = "llama",
          const std::string& model_dir = "", bool sequence_parallel = true) {
   ProcessOptions options;
@@ -375,6 +405,11 @@ TEST(TensorParallelModels, ACheckpointSavedAtDp2Tp2LoadsAtEveryLayout) {
       expect_all_ok(run_ranks_as_processes("tensor_parallel_checkpoint", world, options));
     }
   }
+}
+TEST(ModelsOnCuda, TensorParallelPlanComputesWhatThePlainModelDoes) {
+  if (!tdist::testing::has_gpu()) GTEST_SKIP() << "no GPU: LibTorch sees no CUDA device";
+  run("tensor_parallel_cuda", 1, "qwen2");
+  run("tensor_parallel_cuda", 2, "qwen2");
 }
 TEST(TensorParallelModels, RefusesHeadsTheMeshDoesNotDivide) {
   run("tensor_parallel_errors", 2);
