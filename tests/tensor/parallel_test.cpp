@@ -10,6 +10,7 @@
 #include "support/ranks.h"
 #include "support/tensors.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/flight_recorder.h"
 #include "tdist/error.h"
 #include "tdist/mesh/device_mesh.h"
 #include "tdist/tensor/parallel/parallelize.h"
@@ -220,6 +221,74 @@ TDIST_SCENARIO(sequence_parallel_block) {
   tdist::destroy_process_group();
 }
 
+// Two column-parallel projections of one prepared input (attention's q/k/v pattern).
+struct PairImpl : torch::nn::Module {
+  PairImpl() {
+    a = register_module("a", torch::nn::Linear(8, 6));
+    b = register_module("b", torch::nn::Linear(8, 6));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const bool parallel = tp::style_of(*a) != nullptr;
+    return parallel ? tp::forward(a, x) * tp::forward(b, x) : a(x) * b(x);
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(Pair);
+
+// The collectives of `op` in the records after `after`.
+int64_t count_after(uint64_t after, const std::string& op) {
+  int64_t n = 0;
+  for (const auto& r : tdist::flight_recorder_records()) n += r.id > after && r.op == op;
+  return n;
+}
+
+uint64_t last_record_id() {
+  const auto records = tdist::flight_recorder_records();
+  return records.empty() ? 0 : records.back().id;
+}
+
+// PrepareModuleInput's gather-once mode: a sequence-sharded input gathered once for two
+// column-parallel consumers whose input gradients are summed and reduce-scattered once; the
+// default mode gives the same gradients with one all-reduce per consumer.
+TDIST_SCENARIO(prepare_input_gathers_once) {
+  DeviceMesh mesh = init_device_mesh("cpu", {world_size()});
+  const int64_t seq = 2 * world_size();
+  torch::manual_seed(12);
+  const at::Tensor x = torch::randn({3, seq, 8}, torch::kDouble);
+  const at::Tensor target = torch::randn({3, seq, 6}, torch::kDouble);
+  torch::manual_seed(6);
+  Pair ref;
+  ref->to(torch::kDouble);
+  at::Tensor rx = x.clone().requires_grad_(true);
+  (ref->forward(rx) * target).sum().backward();
+  for (const bool once : {true, false}) {
+    torch::manual_seed(6);
+    Pair model;
+    model->to(torch::kDouble);
+    parallelize_module(model.ptr(), mesh,
+                       PrepareModuleInput()
+                           .input_layouts(Shard(1))
+                           .desired_input_layouts(Replicate())
+                           .use_local_output(!once));
+    const ColwiseParallel gathered = ColwiseParallel().output_layouts(Replicate());
+    parallelize_module(model->a.ptr(), mesh, gathered);
+    parallelize_module(model->b.ptr(), mesh, gathered);
+    at::Tensor lx = chunk_of(x, 1, mesh).clone().requires_grad_(true);
+    const at::Tensor y = tp::forward(model, lx);
+    const uint64_t before_backward = last_record_id();
+    (y * target).sum().backward();
+    const std::string mode = once ? "gather once" : "default";
+    expect_close(lx.grad(), chunk_of(rx.grad(), 1, mesh), mode + ": input gradient");
+    expect_close(model->b->weight.grad(), chunk_of(ref->b->weight.grad(), 0, mesh),
+                 mode + ": b.weight");
+    if (world_size() > 1) {
+      EXPECT_EQ(count_after(before_backward, "reduce_scatter_tensor"), once ? 1 : 0) << mode;
+      EXPECT_EQ(count_after(before_backward, "all_reduce"), once ? 0 : 2) << mode;
+    }
+  }
+  tdist::destroy_process_group();
+}
+
 struct StackImpl : torch::nn::Module {
   StackImpl() {
     layers = register_module("layers", torch::nn::ModuleList());
@@ -279,6 +348,9 @@ TEST(TensorParallel, ColumnParallelEmbedding) {
 }
 TEST(TensorParallel, SequenceParallelBlock) {
   expect_all_ok_at_worlds("sequence_parallel_block", {1, 2, 3});
+}
+TEST(TensorParallel, PrepareModuleInputGathersOnceForColumnParallelConsumers) {
+  expect_all_ok_at_worlds("prepare_input_gathers_once", {1, 2, 3});
 }
 TEST(TensorParallel, PlansAndErrors) {
   expect_all_ok_at_worlds("plans_and_errors", {1, 4});

@@ -15,10 +15,13 @@ namespace tdist::tensor::parallel {
 namespace detail {
 namespace {
 
-// Module -> its state, as FSDP keeps its own: LibTorch modules have no slot for it.
+// Module -> its state, as FSDP keeps its own: LibTorch modules have no slot for it. The
+// module is held weakly: once it is gone, another module at its address has no style.
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<TPState>> states;
+  std::unordered_map<const torch::nn::Module*,
+                     std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<TPState>>>
+      states;
   // Parameters by TensorImpl: FSDP and optimizers keep the parameter object and change only
   // its data, so the impl names the parameter for as long as it lives.
   std::unordered_map<const c10::TensorImpl*,
@@ -35,7 +38,12 @@ std::shared_ptr<TPState> find_state(const torch::nn::Module& module) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const auto it = r.states.find(&module);
-  return it == r.states.end() ? nullptr : it->second;
+  if (it == r.states.end()) return nullptr;
+  if (it->second.first.expired()) {
+    r.states.erase(it);
+    return nullptr;
+  }
+  return it->second.second;
 }
 
 ModuleKind kind_of(const torch::nn::Module& module) {
@@ -75,7 +83,8 @@ void apply_style(const std::shared_ptr<torch::nn::Module>& module, const std::st
   partition(*state, *module);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.states[module.get()] = std::move(state);
+  r.states[module.get()] =
+      std::make_pair(std::weak_ptr<torch::nn::Module>(module), std::move(state));
 }
 
 void check_mesh(const mesh::DeviceMesh& mesh) {
