@@ -412,6 +412,14 @@ void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recu
     g->set_reshard_after_forward(reshard_after_forward);
 }
 
+void FSDPModule::set_all_reduce_hook(AllReduceHook hook) {
+  if (auto* g = state().group()) g->set_all_reduce_hook(std::move(hook));
+}
+
+void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
+  if (auto* g = state().group()) g->set_unshard_in_backward(unshard_in_backward);
+}
+
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
   for (detail::ParamGroup* g : groups_under(state(), recurse))
     g->set_reshard_after_backward(reshard_after_backward);

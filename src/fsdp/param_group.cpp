@@ -12,6 +12,9 @@
 //      kSharded ───summon()──▶ kSummoned ───unsummon(writeback)──▶ kSharded
 //      (summon_full_params: full data in the sharded dtype, outside forward/backward)
 //
+//      kSharded ───pre_backward, unshard_in_backward false──▶ kUnshardedNoData
+//      (full shapes, no storage: Note [Backward without parameters]) ───reshard()──▶ kSharded
+//
 //  Training state of a group (TrainingState), once per step:
 //
 //      kIdle ─pre_forward─▶ kForward ─post_forward─▶ kIdle ─pre_backward─▶ kPreBackward
@@ -82,6 +85,8 @@ const char* to_string(ShardState state) {
       return "unsharding";
     case ShardState::kUnsharded:
       return "unsharded";
+    case ShardState::kUnshardedNoData:
+      return "unsharded_no_data";
     case ShardState::kSummoned:
       return "summoned";
   }
@@ -141,6 +146,7 @@ void ParamGroup::unshard(bool async_op, bool by_user) {
     return;
   }
   check(shard_state_ != ShardState::kSummoned, "unshard", "the end of summon_full_params first");
+  if (shard_state_ == ShardState::kUnshardedNoData) reshard();
   if (comm_ != nullptr) {
     comm_->before_all_gather(this);
     comm_->record({shard_state_ == ShardState::kShardedPostForward
@@ -175,6 +181,10 @@ void ParamGroup::reshard() {
   if (shard_state_ == ShardState::kUnsharding) wait_for_unshard();
   TraceScope trace("FSDP::reshard", label());
   point_params(/*unsharded=*/false);
+  if (shard_state_ == ShardState::kUnshardedNoData) {  // nothing was allocated
+    shard_state_ = ShardState::kSharded;
+    return;
+  }
   if (kept_after_backward_) {  // Note [Unsharded after backward]: the stash returns
     kept_after_backward_ = false;
     for (ShardedParam* p : raw_) p->accumulate_sharded_grad(at::Tensor());
@@ -320,9 +330,10 @@ void ParamGroup::replay_reduce_scatter() {
 
 // Prefetching: an explicit list (set_modules_to_*_prefetch) replaces the recorded order.
 void ParamGroup::prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
-                          ParamGroup* recorded_next) {
-  auto fetch = [this](ParamGroup* next) {
+                          ParamGroup* recorded_next, bool backward) {
+  auto fetch = [this, backward](ParamGroup* next) {
     if (next == nullptr || next == this) return;
+    if (backward && !next->unshard_in_backward_) return;  // Note [Backward without parameters]
     if (next->shard_state_ == ShardState::kUnsharding ||
         next->shard_state_ == ShardState::kUnsharded) {
       return;
@@ -349,7 +360,7 @@ void ParamGroup::pre_forward() {
   if (comm_ != nullptr) comm_->record_forward(this);
   unshard(/*async_op=*/true);
   if (comm_ != nullptr && comm_->prefetch && comm_->forward_prefetch) {
-    prefetch(forward_prefetch_, comm_->next_forward(this));
+    prefetch(forward_prefetch_, comm_->next_forward(this), /*backward=*/false);
   }
   wait_for_unshard();
 }
@@ -379,11 +390,30 @@ void ParamGroup::pre_backward() {
     CopyTimer copy(stats_);  // accumulates onto an earlier stash (gradient accumulation)
     for (ShardedParam* p : raw_) p->stash_sharded_grad();
   }
-  unshard(/*async_op=*/true);
-  if (comm_ != nullptr && comm_->prefetch && comm_->backward_prefetch) {
-    prefetch(backward_prefetch_, comm_->next_backward(this));
+  const bool without_data = !unshard_in_backward_ && shard_state_ != ShardState::kUnsharded;
+  if (without_data) {
+    point_without_data();
+  } else {
+    unshard(/*async_op=*/true);
   }
-  wait_for_unshard();
+  if (comm_ != nullptr && comm_->prefetch && comm_->backward_prefetch) {
+    prefetch(backward_prefetch_, comm_->next_backward(this), /*backward=*/true);
+  }
+  if (!without_data) wait_for_unshard();
+}
+
+// Note [Backward without parameters]
+// FSDP2's set_unshard_in_backward(false): the backward of this group's module reads none of
+// its parameters (an embedding: its weight gradient is a scatter of the output gradient by
+// the ids), so backward all-gathers nothing. Autograd still accumulates each parameter's
+// gradient into the parameter, checking its shape, so the parameters are pointed at their
+// unsharded views whose storage stays freed: full shapes, no data. The gradients are taken
+// and reduced as usual and reshard() points the parameters back at their shards.
+void ParamGroup::point_without_data() {
+  if (shard_state_ == ShardState::kUnshardedNoData) return;
+  reshard();  // from a post-forward slab or an earlier state: back to the shards first
+  point_params(/*unsharded=*/true);
+  shard_state_ = ShardState::kUnshardedNoData;
 }
 
 // Note [Module called more than once]
@@ -406,7 +436,8 @@ void ParamGroup::post_backward() {
 void ParamGroup::reduce_and_reshard() {
   TraceScope trace("FSDP::post_backward", label());
   training_state_ = TrainingState::kPostBackward;
-  check(shard_state_ == ShardState::kUnsharded, "post_backward", "unsharded");
+  check(shard_state_ == ShardState::kUnsharded || shard_state_ == ShardState::kUnshardedNoData,
+        "post_backward", "unsharded");
   std::vector<at::Tensor>& grads = grads_;
   grads.clear();
   bool any_trainable = false;
@@ -496,7 +527,17 @@ void ParamGroup::finish_reduce() {
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
-  buffers_->install_reduced_grads(gradient_divide_factor_.value_or(divisor));
+  divisor = gradient_divide_factor_.value_or(divisor);
+  if (all_reduce_hook_) {
+    {
+      CopyTimer copy(stats_);
+      reduced.div_(divisor);
+    }
+    TraceScope trace("FSDP::all_reduce_hook", label());
+    all_reduce_hook_(reduced);
+    divisor = 1.0;
+  }
+  buffers_->install_reduced_grads(divisor);
   reduce_pending_ = false;
 }
 

@@ -29,6 +29,7 @@ enum class ShardState {
   kShardedPostForward,  // P holds its shard; a 1/k slab is kept for backward
   kUnsharding,          // all-gather issued, not yet waited
   kUnsharded,           // P holds the full data
+  kUnshardedNoData,     // P has its full shape but no storage (set_unshard_in_backward(false))
   kSummoned,            // P holds the full data in the sharded dtype (summon_full_params)
 };
 
@@ -77,6 +78,9 @@ class ParamGroup {
   void set_gradient_divide_factor(std::optional<double> factor);
   /// FSDPModule::set_requires_all_reduce.
   void set_requires_all_reduce(bool all_reduce) { requires_all_reduce_ = all_reduce; }
+  /// FSDPModule::set_all_reduce_hook / set_unshard_in_backward.
+  void set_all_reduce_hook(AllReduceHook hook) { all_reduce_hook_ = std::move(hook); }
+  void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
   /// FSDPModule::set_reshard_after_backward (Note [Unsharded after backward]).
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
@@ -132,11 +136,13 @@ class ParamGroup {
   /// Points every parameter at its unsharded data / its shard (Note [Parameter identity]).
   void point_params(bool unsharded);
   void prefetch(const std::optional<std::vector<ParamGroup*>>& explicit_targets,
-                ParamGroup* recorded_next);
+                ParamGroup* recorded_next, bool backward);
   c10::ScalarType reduce_dtype() const;
   /// Copies `grads` in and issues the reduce-scatter (reduce_pending_).
   void issue_reduce(const std::vector<at::Tensor>& grads);
   void hold_partial_reduce();
+  /// Note [Backward without parameters].
+  void point_without_data();
   void check(bool condition, const char* verb, const char* expected) const;
 
   GroupLabels labels_;
@@ -157,6 +163,8 @@ class ParamGroup {
   /// gradients are still stashed (P.grad is unset while P holds its full data).
   bool reshard_after_backward_ = true;
   bool kept_after_backward_ = false;
+  AllReduceHook all_reduce_hook_;
+  bool unshard_in_backward_ = true;
   /// Note [Accumulation without all-reduce]: the sum of the reduce-scatter outputs of the
   /// backwards that skipped the replica all-reduce (undivided), or undefined.
   at::Tensor partial_reduce_;

@@ -192,7 +192,7 @@ void PersistentBuffers::install_reduced_grads(double divisor) {
   CopyTimer copy(context_.stats);
   const std::vector<ShardedParam*>& params = context_.params;
   reduce_in_.release();
-  reduce_output_.div_(divisor);
+  if (divisor != 1.0) reduce_output_.div_(divisor);
   if (reduce_direct_) {
     for (ShardedParam* p : params) {
       if (p->requires_grad()) {

@@ -207,6 +207,115 @@ TDIST_SCENARIO(fsdp_forward_method) {
   destroy_process_group();
 }
 
+// An embedding and a head: the embedding's backward reads no parameter.
+struct EmbeddedImpl : torch::nn::Module {
+  EmbeddedImpl() {
+    torch::manual_seed(17);
+    emb = register_module("emb", torch::nn::Embedding(13, 6));
+    head = register_module("head", torch::nn::Linear(6, 13));
+  }
+  at::Tensor forward(const at::Tensor& ids) {
+    return head->forward(tdist::fsdp::forward(emb, ids).tanh());
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Embedded);
+
+// The global batch of the unshard-in-backward and all-reduce-hook scenarios, 2 rows a rank.
+std::pair<at::Tensor, at::Tensor> embedded_batch(int world) {
+  torch::manual_seed(23);
+  return {torch::randint(0, 13, {2 * world, 5}), torch::randint(0, 13, {2 * world, 5})};
+}
+
+at::Tensor embedded_loss(Embedded& model, const at::Tensor& ids, const at::Tensor& targets,
+                         bool sharded) {
+  const at::Tensor logits = sharded ? tdist::fsdp::forward(model, ids) : model->forward(ids);
+  return torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets.flatten());
+}
+
+// The full parameters of a sharded Embedded equal `reference`'s.
+void expect_full_params_equal(Embedded& model, Embedded& reference, const std::string& when) {
+  const auto full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+  for (const auto& item : reference->named_parameters()) {
+    ASSERT_TRUE(full.count(item.key())) << item.key();
+    EXPECT_TRUE(torch::allclose(full.at(item.key()).local, item.value(), 1e-6, 1e-7))
+        << item.key() << " " << when;
+  }
+}
+
+// set_unshard_in_backward(false) on the embedding (Note [Backward without parameters]): its
+// backward all-gathers nothing, and two SGD steps give the single process's parameters.
+TDIST_SCENARIO(fsdp_unshard_in_backward) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  const auto [ids, targets] = embedded_batch(world);
+  Embedded reference, model;
+  FSDPModule emb = fully_shard(model->emb);
+  fully_shard(model);
+  emb.set_unshard_in_backward(false);
+  auto ref_opt = torch::optim::SGD(reference->parameters(), torch::optim::SGDOptions(0.5));
+  auto opt = torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.5));
+  for (int step = 0; step < 2; ++step) {
+    embedded_loss(reference, ids, targets, false).backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+    const int64_t gathered = emb.stats().all_gathers;
+    embedded_loss(model, ids.narrow(0, 2 * rank, 2), targets.narrow(0, 2 * rank, 2), true)
+        .backward();
+    EXPECT_EQ(emb.stats().all_gathers - gathered, 1) << "forward only, step " << step;
+    EXPECT_EQ(emb.unsharded_bytes(), 0u);
+    EXPECT_EQ(model->emb->weight.sizes(), model->emb->weight.grad().sizes()) << "sharded again";
+    opt.step();
+    opt.zero_grad();
+  }
+  expect_full_params_equal(model, reference, "after 2 steps");
+  destroy_process_group();
+}
+
+// set_all_reduce_hook: FSDP over pairs of ranks, each pair a replica; the hook averages the
+// reduced shard over the replicas (HSDP by hand), so two SGD steps give the single
+// process's parameters over the global batch. It sees the averaged shard, once per backward.
+TDIST_SCENARIO(fsdp_all_reduce_hook) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int world = get_world_size(), rank = get_rank();
+  auto mesh = tdist::mesh::init_device_mesh("cpu", {world / 2, 2}, {"replicate", "shard"});
+  const ProcessGroupPtr replicas = mesh.get_group("replicate");
+  const auto [ids, targets] = embedded_batch(world);
+  Embedded reference, model;
+  FSDPModule emb = fully_shard(model->emb, FullyShardOptions().mesh(mesh["shard"]));
+  FSDPModule root = fully_shard(model, FullyShardOptions().mesh(mesh["shard"]));
+  int calls = 0;
+  const AllReduceHook average_replicas = [&](const at::Tensor& reduce_output) {
+    ++calls;
+    all_reduce(reduce_output, ReduceOp::AVG, replicas);
+  };
+  emb.set_all_reduce_hook(average_replicas);
+  root.set_all_reduce_hook(average_replicas);
+  auto ref_opt = torch::optim::SGD(reference->parameters(), torch::optim::SGDOptions(0.5));
+  auto opt = torch::optim::SGD(model->parameters(), torch::optim::SGDOptions(0.5));
+  for (int step = 0; step < 2; ++step) {
+    embedded_loss(reference, ids, targets, false).backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+    embedded_loss(model, ids.narrow(0, 2 * rank, 2), targets.narrow(0, 2 * rank, 2), true)
+        .backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  EXPECT_EQ(calls, 4) << "two groups, two backwards";
+  expect_full_params_equal(model, reference, "after 2 steps");
+  destroy_process_group();
+}
+
+TEST(FSDPRuntimeControls, UnshardInBackwardFalseGathersTheEmbeddingInForwardOnly) {
+  tdist::testing::expect_all_ok_at_worlds("fsdp_unshard_in_backward", {1, 2, 3});
+}
+
+TEST(FSDPRuntimeControls, AllReduceHookReplicatesByHandAtWorlds2And4) {
+  tdist::testing::expect_all_ok_at_worlds("fsdp_all_reduce_hook", {2, 4});
+}
+
 TEST(FSDPRuntimeControls, ForwardMethodUnshardsAndReducesAtWorlds2And3) {
   tdist::testing::expect_all_ok_at_worlds("fsdp_forward_method", {2, 3});
 }

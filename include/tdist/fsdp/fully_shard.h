@@ -13,6 +13,7 @@
 // Why a call-site wrapper: LibTorch modules have no forward hooks (pytorch#25888) and
 // Module::forward is not virtual, so FSDP cannot intercept `block(x)`. See docs/fsdp.md.
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -137,6 +138,9 @@ struct FSDPStats {
 };
 
 /// A handle on a module that fully_shard was applied to (FSDP2's FSDPModule).
+/// FSDPModule::set_all_reduce_hook's hook: receives the reduced gradient shard (in place).
+using AllReduceHook = std::function<void(const at::Tensor& reduce_output)>;
+
 class FSDPModule {
  public:
   FSDPModule() = default;
@@ -200,6 +204,23 @@ class FSDPModule {
   /// the event is dropped.
   void set_post_optim_event(std::shared_ptr<c10::Event> event);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
+  /// FSDP2's set_all_reduce_hook: after this module's gradients are reduced (the
+  /// reduce-scatter, and with HSDP the all-reduce across replicas), `hook` receives this
+  /// rank's reduced gradient shard of the whole group (one flat tensor of the group's padded
+  /// shard elements, in the reduce dtype), already divided as the gradients will be (the mean
+  /// over the data-parallel ranks, or set_gradient_divide_factor, as PyTorch's averaging
+  /// reduce-scatter gives it for float32 and bfloat16), and may change it in place before
+  /// the gradients are installed from it: e.g. an all-reduce over a group FSDP does not
+  /// know (replication done by hand). Not called by a backward that reduces nothing
+  /// (gradient sync off, or set_requires_all_reduce(false) under HSDP). On an accelerator it
+  /// runs with the reduce-scatter stream current. An empty hook removes it.
+  void set_all_reduce_hook(AllReduceHook hook);
+  /// FSDP2's set_unshard_in_backward: false skips this module's all-gather in backward, for
+  /// an expert case: a module whose backward reads none of its parameters (an embedding's
+  /// weight gradient needs only the ids). Its parameters take their full shape without
+  /// data for autograd to accumulate their gradients into, which are reduced as usual; a
+  /// backward that reads them reads storage that is not there. Default true.
+  void set_unshard_in_backward(bool unshard_in_backward);
 
   detail::FSDPState& state() const;
   explicit operator bool() const { return static_cast<bool>(state_); }
