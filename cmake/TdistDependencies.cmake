@@ -95,3 +95,16 @@ if(NOT TARGET tdist_torch)
   target_include_directories(tdist_torch SYSTEM INTERFACE "$<BUILD_INTERFACE:${TORCH_INCLUDE_DIRS}>")
   target_compile_options(tdist_torch INTERFACE "$<BUILD_INTERFACE:${_torch_flags}>")
 endif()
+
+# Under add_subdirectory / FetchContent the dependencies found here are imported targets of
+# this directory only, which the parent project's targets that link tdist::tdist cannot see:
+# make them global.
+if(NOT TDIST_IS_TOP_LEVEL AND CMAKE_VERSION VERSION_GREATER_EQUAL 3.21)
+  get_directory_property(_tdist_imported IMPORTED_TARGETS)
+  foreach(_target IN LISTS _tdist_imported)
+    get_target_property(_global ${_target} IMPORTED_GLOBAL)
+    if(NOT _global)
+      set_property(TARGET ${_target} PROPERTY IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()
