@@ -10,11 +10,12 @@
 namespace tdist::checkpoint {
 
 TensorMap module_tensors(const torch::nn::Module& module) {
-  // Whole tensors: gathered for an FSDP module (collective then), copies otherwise.
+  // Whole tensors on every rank: gathered for an FSDP module (collective then), copies
+  // otherwise. Not cpu_offload: that returns them on rank 0 only.
   TensorMap out;
-  const auto full = fsdp::get_model_state_dict(
-      module, fsdp::StateDictOptions().full_state_dict(true).cpu_offload(true));
-  for (const auto& [name, st] : full) out[name] = st.local.contiguous();
+  const auto full =
+      fsdp::get_model_state_dict(module, fsdp::StateDictOptions().full_state_dict(true));
+  for (const auto& [name, st] : full) out[name] = st.local.cpu().contiguous();
   return out;
 }
 

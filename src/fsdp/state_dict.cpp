@@ -45,6 +45,7 @@ namespace {
 struct Entry {
   at::Tensor tensor;                      // the parameter or buffer itself
   const ShardedParam* sharded = nullptr;  // set when FSDP shards it
+  bool frozen = false;                    // a parameter with requires_grad = false
   ParamGroup* group = nullptr;            // the group communicating it
   // Set when tensor parallelism distributed it: what FSDP (or nobody) shards is then this
   // rank's tensor-parallel part, itself a slice of the whole tensor.
@@ -84,6 +85,7 @@ ModuleEntries collect(const torch::nn::Module& module) {
       e.sharded = it->second.first;
       e.group = it->second.second;
     }
+    e.frozen = !e.tensor.requires_grad();
     e.tensor_parallel = tensor::parallel::parameter_placement(e.tensor);
     out.param_names.emplace(e.tensor.unsafeGetTensorImpl(), item.key());
     out.entries[item.key()] = e;
@@ -241,9 +243,25 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
   expected->local.copy_(src.local);
 }
 
-/// rank0_only: rank 0's full state dict, broadcast to every rank (Python's
-/// broadcast_from_rank0). Every rank returns the same dict.
-ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
+/// As PyTorch's _verify_options, on every rank alike (so no rank is left in a collective).
+void check_options(const StateDictOptions& options, const char* op) {
+  if (options.broadcast_from_rank0() && !options.full_state_dict()) {
+    TDIST_THROW(InvalidArgument, std::string(op) + on_rank() +
+                                     ": broadcast_from_rank0 needs full_state_dict(true) (rank "
+                                     "0's whole tensors are broadcast; a sharded state dict is "
+                                     "already local to each rank)");
+  }
+}
+
+/// Whether a full state dict's entries are returned on this rank: PyTorch keeps one host copy
+/// per job, so with cpu_offload only global rank 0 returns them.
+bool keeps_full_entries(const StateDictOptions& options) {
+  return !options.cpu_offload() || global_rank() == 0;
+}
+
+/// Rank 0's full state dict, broadcast to every rank (broadcast_from_rank0). Every rank
+/// returns the same dict.
+ShardedStateDict broadcast_rank0_state(const ShardedStateDict& state) {
   std::vector<Object> header(1);
   if (global_rank() == 0) {
     Object::List entries;
@@ -280,14 +298,48 @@ ShardedStateDict broadcast_from_rank0(const ShardedStateDict& state) {
   return out;
 }
 
-/// The state a set_*_state_dict call loads: `state` itself, or, for a full rank0_only load in a
+/// The state a set_*_state_dict call loads: `state` itself, or, with broadcast_from_rank0 in a
 /// distributed run, rank 0's state broadcast into `received` (other ranks pass what they have,
 /// usually nothing).
 const ShardedStateDict& state_to_load(const ShardedStateDict& state,
                                       const StateDictOptions& options, ShardedStateDict& received) {
-  if (!options.full_state_dict() || !options.rank0_only() || !distributed()) return state;
-  received = broadcast_from_rank0(state);
+  if (!options.broadcast_from_rank0() || !distributed()) return state;
+  received = broadcast_rank0_state(state);
   return received;
+}
+
+/// The optimizer (index into `optimizers`) holding each parameter, by the module's name for
+/// it; a parameter held by two of them is refused (their state dicts would collide).
+std::map<std::string, size_t> optimizer_of_params(
+    const torch::nn::Module& module, const std::vector<torch::optim::Optimizer*>& optimizers,
+    const char* op) {
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  std::map<std::string, size_t> out;
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    TDIST_CHECK_ARG(optimizers[i] != nullptr, std::string(op) + on_rank() + ": optimizers[" +
+                                                  std::to_string(i) + "] is null");
+    for (const auto& group : optimizers[i]->param_groups()) {
+      for (const auto& p : group.params()) {
+        auto name = names.find(p.unsafeGetTensorImpl());
+        TDIST_CHECK_ARG(name != names.end(),
+                        std::string(op) + on_rank() + ": optimizers[" + std::to_string(i) +
+                            "] holds a parameter the module does not have; pass the module "
+                            "the optimizers were built from");
+        const auto [it, inserted] = out.emplace(name->second, i);
+        if (!inserted && it->second != i) {
+          TDIST_THROW(InvalidArgument, std::string(op) + on_rank() + ": parameter '" +
+                                           name->second + "' is held by optimizers[" +
+                                           std::to_string(it->second) + "] and optimizers[" +
+                                           std::to_string(i) +
+                                           "]; give each parameter to one optimizer");
+        }
+      }
+    }
+  }
+  return out;
 }
 
 /// The optimizer's fields by key "<fqn>.<field>", with the entry of their parameter.
@@ -357,10 +409,12 @@ void prepare_to_load(const torch::nn::Module& module) {
 
 ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
                                       const StateDictOptions& options) {
+  detail::check_options(options, "get_model_state_dict");
   const detail::ModuleEntries me = detail::collect(module);
   ShardedStateDict out;
-  const bool keep = !options.rank0_only() || detail::global_rank() == 0;
+  const bool keep = detail::keeps_full_entries(options);
   for (const auto& [name, e] : me.entries) {
+    if (e.frozen && options.ignore_frozen_params()) continue;  // the same on every rank
     if (!options.full_state_dict()) {
       if (e.sharded == nullptr) {
         out[name] = detail::in_whole_tensor(ShardedTensor::whole(e.local()), e);
@@ -380,8 +434,9 @@ ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
   return out;
 }
 
-void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& state,
-                          const StateDictOptions& options) {
+IncompatibleKeys set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& state,
+                                      const StateDictOptions& options) {
+  detail::check_options(options, "set_model_state_dict");
   const detail::ModuleEntries me = detail::collect(module);
   detail::prepare_for_write(me, "set_model_state_dict");
   const bool full = options.full_state_dict();
@@ -409,11 +464,13 @@ void set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& sta
     if (it == src.end()) continue;
     detail::write_value(name, e.local(), e, it->second, full);
   }
+  return IncompatibleKeys{std::move(missing), std::move(unexpected)};
 }
 
 ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
                                           torch::optim::Optimizer& optimizer,
                                           const StateDictOptions& options) {
+  detail::check_options(options, "get_optimizer_state_dict");
   const detail::ModuleEntries me = detail::collect(module);
   const auto items = detail::optimizer_items(optimizer, me);
   ShardedStateDict out;
@@ -431,7 +488,7 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
     return out;
   }
   detail::agree_on_keys(items, me);
-  const bool keep = !options.rank0_only() || detail::global_rank() == 0;
+  const bool keep = detail::keeps_full_entries(options);
   for (const auto& [key, item] : items) {
     const detail::Entry& e = *item.entry;
     if (!item.field.is_step) detail::refuse_full_with_tensor_parallel(e, key);
@@ -447,6 +504,7 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
 
 void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                               const ShardedStateDict& state, const StateDictOptions& options) {
+  detail::check_options(options, "set_optimizer_state_dict");
   const detail::ModuleEntries me = detail::collect(module);
   detail::prepare_for_write(me, "set_optimizer_state_dict");
   const bool full = options.full_state_dict();
@@ -515,6 +573,71 @@ void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Opt
                                      util::join(unused) +
                                      "] (the rest was loaded); pass strict(false) to ignore it");
   }
+}
+
+StateDicts get_state_dict(const torch::nn::Module& module,
+                          const std::vector<torch::optim::Optimizer*>& optimizers,
+                          const StateDictOptions& options) {
+  detail::check_options(options, "get_state_dict");
+  detail::optimizer_of_params(module, optimizers, "get_state_dict");
+  StateDicts out;
+  out.model = get_model_state_dict(module, options);
+  for (torch::optim::Optimizer* optimizer : optimizers) {
+    for (auto& [key, st] : get_optimizer_state_dict(module, *optimizer, options)) {
+      out.optim.emplace(key, std::move(st));
+    }
+  }
+  return out;
+}
+
+StateDicts get_state_dict(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                          const StateDictOptions& options) {
+  return get_state_dict(module, std::vector<torch::optim::Optimizer*>{&optimizer}, options);
+}
+
+IncompatibleKeys set_state_dict(torch::nn::Module& module,
+                                const std::vector<torch::optim::Optimizer*>& optimizers,
+                                const ShardedStateDict& model_state_dict,
+                                const ShardedStateDict& optim_state_dict,
+                                const StateDictOptions& options) {
+  detail::check_options(options, "set_state_dict");
+  const auto owner = detail::optimizer_of_params(module, optimizers, "set_state_dict");
+  ShardedStateDict received;
+  const ShardedStateDict& optim_src = detail::state_to_load(optim_state_dict, options, received);
+  // Each optimizer gets the keys "<fqn>.<field>" of the parameters it holds.
+  std::vector<ShardedStateDict> parts(optimizers.size());
+  std::vector<std::string> unexpected;
+  for (const auto& [key, st] : optim_src) {
+    const auto dot = key.rfind('.');
+    auto it = owner.find(dot == std::string::npos ? key : key.substr(0, dot));
+    if (it == owner.end()) {
+      unexpected.push_back(key);
+    } else {
+      parts[it->second].emplace(key, st);
+    }
+  }
+  if (options.strict() && !unexpected.empty()) {
+    TDIST_THROW(InvalidArgument, "set_state_dict" + detail::on_rank() +
+                                     ": optimizer state for parameters no optimizer holds: [" +
+                                     util::join(unexpected) +
+                                     "]; keys are \"<parameter name>.<state name>\"; pass "
+                                     "strict(false) to ignore them");
+  }
+  // Rank 0's optimizer state is on every rank now; the model's is broadcast by its own call.
+  StateDictOptions local = options;
+  local.broadcast_from_rank0(false);
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    set_optimizer_state_dict(module, *optimizers[i], parts[i], local);
+  }
+  return set_model_state_dict(module, model_state_dict, options);
+}
+
+IncompatibleKeys set_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                const ShardedStateDict& model_state_dict,
+                                const ShardedStateDict& optim_state_dict,
+                                const StateDictOptions& options) {
+  return set_state_dict(module, std::vector<torch::optim::Optimizer*>{&optimizer}, model_state_dict,
+                        optim_state_dict, options);
 }
 
 }  // namespace tdist::fsdp

@@ -116,7 +116,7 @@ TDIST_SCENARIO(ck_fsdp_save) {
   extra.step = kTrainSteps;
   save_module(*m, opt.get(), extra, dir + "/ckpt", SaveOptions().fsync(false));
 
-  const auto r0 = fsdp::StateDictOptions().full_state_dict(true).rank0_only(true).cpu_offload(true);
+  const auto r0 = fsdp::StateDictOptions().full_state_dict(true).cpu_offload(true);  // rank 0's
   ShardedStateDict ref;
   for (auto& [name, st] : fsdp::get_model_state_dict(*m, r0)) ref[kModelPrefix + name] = st;
   for (auto& [name, st] : fsdp::get_optimizer_state_dict(*m, *opt, r0)) {

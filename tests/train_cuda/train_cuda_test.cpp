@@ -188,13 +188,14 @@ TDIST_SCENARIO(tc_ddp) {
 // ---- checkpoints: saved on one device and world, loaded on another -------------------------
 
 std::map<std::string, at::Tensor> full_state(TinyTransformer& m, torch::optim::Optimizer& opt) {
-  const auto full = fsdp::StateDictOptions().full_state_dict(true).cpu_offload(true);
+  // On every rank (cpu_offload would return it on rank 0 only), then on the host.
+  const auto full = fsdp::StateDictOptions().full_state_dict(true);
   std::map<std::string, at::Tensor> out;
   for (auto& [name, st] : fsdp::get_model_state_dict(*m, full)) {
-    out[checkpoint::kModelPrefix + name] = st.local;
+    out[checkpoint::kModelPrefix + name] = st.local.cpu();
   }
   for (auto& [name, st] : fsdp::get_optimizer_state_dict(*m, opt, full)) {
-    out[checkpoint::kOptimPrefix + name] = st.local;
+    out[checkpoint::kOptimPrefix + name] = st.local.cpu();
   }
   return out;
 }
