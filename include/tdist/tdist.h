@@ -14,6 +14,7 @@
 #include "tdist/comm/flight_recorder.h"
 #include "tdist/comm/launch_environment.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/comm/split_group.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/optim/adam.h"
 #include "tdist/optim/clip_grad.h"

@@ -96,6 +96,20 @@ WorkPtr CollectiveBackend::recv(at::Tensor&, int, const SendRecvOptions&) {
   throw_unsupported("recv");
 }
 
+WorkPtr CollectiveBackend::recv_anysource(at::Tensor&, const SendRecvOptions&) {
+  throw_unsupported("recv from any source (src and group_src both unset)");
+}
+
+CollectiveBackendPtr CollectiveBackend::split(const std::vector<int>&, int,
+                                              std::chrono::milliseconds, const std::any&) {
+  throw_unsupported("split (ncclCommSplit)");
+}
+
+CollectiveBackendPtr CollectiveBackend::shrink(const std::vector<int>&, int,
+                                               std::chrono::milliseconds, const std::any&) {
+  throw_unsupported("shrink (ncclCommShrink)");
+}
+
 WorkPtr CollectiveBackend::batch_send_recv(std::vector<PointToPoint>& ops,
                                            const CollectiveOptions& opts) {
   std::vector<at::Tensor> received;

@@ -1,10 +1,12 @@
 // The collective free functions of distributed.h: argument checks, global -> group rank
 // translation, the optional TDIST_DEBUG=DETAIL cross-rank check, and async_op semantics.
+// The point-to-point ones are in point_to_point.cpp; the per-call steps in collective_call.h.
+
+#include <ATen/Functions.h>
 
 #include <numeric>
 
-#include "comm/flight_recorder_hooks.h"
-#include "debug_check.h"
+#include "comm/collective_call.h"
 #include "state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/placed_all_gather.h"
@@ -14,164 +16,47 @@ namespace tdist {
 
 namespace {
 
-/// Per-call context: the resolved group and the op name used in every message.
-struct Call {
-  ProcessGroupPtr pg;
-  std::string op;
-  mutable uint64_t record_id = 0;  // the flight recorder's record of this call (0: none)
+using detail::Call;
+using detail::real_view;
+using detail::real_views;
 
-  Call(const ProcessGroupPtr& group, std::string op_name)
-      : pg(detail::resolve_group(group, op_name)), op(std::move(op_name)) {}
-
-  /// torch.distributed semantics: a non-member's collective is a no-op.
-  bool skip() const { return !pg->is_member(); }
-
-  std::string where() const {
-    return "rank " + std::to_string(pg->global_rank(pg->rank())) + ": " + op;
-  }
-
-  void check_defined(const at::Tensor& t, const std::string& what) const {
-    if (!t.defined()) TDIST_THROW(InvalidArgument, where() + ": " + what + " is undefined");
-  }
-  /// Tensors the collective writes must be contiguous and need no lazy conjugation: a copy
-  /// would not reach the caller.
-  void check_output(const at::Tensor& t, const std::string& what) const {
-    check_defined(t, what);
-    if (!t.is_contiguous()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what +
-                                       " is not contiguous; pass a contiguous tensor "
-                                       "(e.g. t.contiguous()) and copy the result back");
-    }
-    if (t.is_conj()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what +
-                                       " is a lazily conjugated view (t.conj()); pass "
-                                       "t.resolve_conj() and copy the result back");
-    }
-  }
-  /// Read-only tensors are made contiguous (and lazy conjugates resolved) silently.
-  at::Tensor input(const at::Tensor& t, const std::string& what) const {
-    check_defined(t, what);
-    return (t.is_contiguous() ? t : t.contiguous()).resolve_conj();
-  }
-  /// See Note [Complex tensors].
-  void check_reduce_op(const at::Tensor& t, ReduceOp op) const {
-    if (t.is_complex() && op != ReduceOp::SUM && op != ReduceOp::AVG) {
-      TDIST_THROW(InvalidArgument, where() + ": " + to_string(op) +
-                                       " is not defined on complex numbers (dtype " +
-                                       std::string(c10::toString(t.scalar_type())) +
-                                       "); use SUM or AVG, or reduce a real tensor such "
-                                       "as t.abs() or at::view_as_real(t)");
-    }
-  }
-  void check_like(const at::Tensor& t, const at::Tensor& ref, const std::string& what,
-                  bool same_numel) const {
-    if (t.scalar_type() != ref.scalar_type()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what + " has dtype " +
-                                       std::string(c10::toString(t.scalar_type())) +
-                                       " but the input has " +
-                                       std::string(c10::toString(ref.scalar_type())) +
-                                       "; every tensor of one collective needs the same dtype");
-    }
-    if (t.device() != ref.device()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what + " is on " + t.device().str() +
-                                       " but the input is on " + ref.device().str());
-    }
-    if (same_numel && t.numel() != ref.numel()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what + " has " + std::to_string(t.numel()) +
-                                       " elements but the input has " +
-                                       std::to_string(ref.numel()));
-    }
-  }
-  void check_list_size(size_t n, const std::string& what) const {
-    if (static_cast<int>(n) != pg->size()) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what + " has " + std::to_string(n) +
-                                       " tensors but the group has " + std::to_string(pg->size()) +
-                                       " ranks; give one per rank");
-    }
-  }
-  int group_rank_of(int global_rank, const std::string& what) const {
-    try {
-      return pg->group_rank(global_rank);
-    } catch (const InvalidArgument& e) {
-      TDIST_THROW(InvalidArgument, where() + ": " + what + " " + e.what());
-    }
-  }
-
-  template <typename Options>
-  Options options() const {
-    Options opts;
-    opts.timeout = pg->timeout();
-    return opts;
-  }
-
-  void debug(const at::Tensor& t, bool check_shape = true, int root = -1,
-             int reduce_op = -1) const {
-    debug_signature(detail::signature_of(op, t, check_shape, root, reduce_op), {t});
-  }
-  /// Numbers the call, checks it across ranks (debug mode) and records it.
-  void debug_signature(const detail::CallSignature& sig,
-                       const std::vector<at::Tensor>& tensors) const {
-    const uint64_t seq = pg->next_sequence_number();
-    if (pg->debug_detail()) detail::check_call_signature(*pg, sig);
-    record_id = detail::flight_record_issue(*pg, seq, op, tensors);
-  }
-
-  WorkPtr finish(WorkPtr work, bool async_op) const {
-    if (!work) TDIST_THROW(DistBackendError, where() + ": the backend returned no work handle");
-    detail::flight_record_track(record_id, pg, work);
-    if (async_op) return work;
-    // The backend enforces the group timeout itself; this outer bound only guarantees that a
-    // misbehaving backend cannot block forever.
-    auto bound = pg->timeout() + std::chrono::seconds(5);
-    try {
-      work->wait(bound);
-    } catch (const TimeoutError& e) {
-      // The flight recorder's report names the rank that is behind (see flight_recorder.h).
-      const std::string report =
-          detail::flight_record_failure(record_id, *pg, std::current_exception());
-      TDIST_THROW(TimeoutError, where() + " on process group '" + pg->name() +
-                                    "' (sequence number " + std::to_string(pg->sequence_number()) +
-                                    ") did not complete: " + e.what() +
-                                    (report.empty() ? "" : "\n" + report));
-    } catch (const Error&) {
-      detail::flight_record_failure(record_id, *pg, std::current_exception());
-      throw;
-    }
-    return work;
-  }
-};
-
-int reduce_code(ReduceOp op) {
-  return static_cast<int>(op);
+int reduce_code(const ReduceOp& op) {
+  return op.code();
 }
 
-// Note [Complex tensors]: as in torch.distributed, a complex tensor travels as its real view
-// (at::view_as_real: the same memory as [..., 2] of the real dtype), so every backend carries
-// it without knowing complex dtypes. The sum and the average of complex numbers are those of
-// their real and imaginary parts; MIN, MAX, PRODUCT and the bitwise ops are not, so they are
-// refused (Call::check_reduce_op) rather than computed part by part. torch.distributed views
-// complex tensors as real in most collectives but not in reduce, gather or reduce-scatter,
-// which then fail in the backend; here every collective takes them. The cross-rank check and
-// the flight recorder see the caller's complex tensors; only the backend sees the views.
-at::Tensor real_view(const at::Tensor& t) {
-  return t.is_complex() ? at::view_as_real(t) : t;
+// Note [PREMUL_SUM without NCCL]: ReduceOp PREMUL_SUM (torch.distributed's
+// _make_nccl_premul_sum) reduces factor * x_r with SUM. NCCL multiplies inside its kernels
+// (ncclRedOpCreatePreMulSum); every other backend (CollectiveBackend::supports_premul_sum)
+// is handed SUM over inputs multiplied here first: in place where the collective overwrites
+// the tensor anyway (all_reduce, reduce's root), on a copy where the caller's tensor is only
+// read (reduce's other ranks keep their input, as NCCL leaves it; reduce_scatter's inputs).
+// The product is taken in the tensor's dtype, as NCCL takes it; only the summation order may
+// differ, as between any two backends.
+bool scales_first(const CollectiveBackend& backend, const ReduceOp& op) {
+  return op == ReduceOp::PREMUL_SUM && !backend.supports_premul_sum();
 }
 
-std::vector<at::Tensor> real_views(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> views;
-  views.reserve(tensors.size());
-  for (const auto& t : tensors) views.push_back(real_view(t));
-  return views;
+/// The op the backend gets for `op`, multiplying `t` in place when it must (see above).
+ReduceOp premul_in_place(CollectiveBackend& backend, const ReduceOp& op, const at::Tensor& t) {
+  if (!scales_first(backend, op)) return op;
+  t.mul_(op.factor_like(t));
+  return ReduceOp::SUM;
+}
+
+at::Tensor premul_copy(const ReduceOp& op, const at::Tensor& t) {
+  return at::mul(t, op.factor_like(t));
 }
 
 }  // namespace
 
-WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, bool async_op) {
+WorkPtr broadcast(const at::Tensor& tensor, std::optional<int> src, const ProcessGroupPtr& group,
+                  bool async_op, std::optional<int> group_src) {
   Call c(group, "broadcast");
+  const int root = c.root_of(src, group_src, "src", "group_src");
   if (c.skip()) return completed_work(c.op);
   c.check_output(tensor, "tensor");
   auto opts = c.options<BroadcastOptions>();
-  opts.root = c.group_rank_of(src, "src");
+  opts.root = root;
   c.debug(tensor, true, opts.root);
   at::Tensor t = real_view(tensor);
   return c.finish(c.pg->backend_for(t).broadcast(t, opts), async_op);
@@ -187,7 +72,9 @@ WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroupPtr&
   opts.op = op;
   c.debug(tensor, true, -1, reduce_code(op));
   at::Tensor t = real_view(tensor);
-  return c.finish(c.pg->backend_for(t).all_reduce(t, opts), async_op);
+  CollectiveBackend& backend = c.pg->backend_for(t);
+  opts.op = premul_in_place(backend, op, t);
+  return c.finish(backend.all_reduce(t, opts), async_op);
 }
 
 WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op,
@@ -210,21 +97,35 @@ WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op
     c.debug_signature(sig, tensors);
   }
   std::vector<at::Tensor> list = real_views(tensors);
-  return c.finish(c.pg->backend_for(list[0]).all_reduce_coalesced(list, opts), async_op);
+  CollectiveBackend& backend = c.pg->backend_for(list[0]);
+  for (const auto& t : list) opts.op = premul_in_place(backend, op, t);
+  return c.finish(backend.all_reduce_coalesced(list, opts), async_op);
 }
 
-WorkPtr reduce(const at::Tensor& tensor, int dst, ReduceOp op, const ProcessGroupPtr& group,
-               bool async_op) {
+WorkPtr reduce(const at::Tensor& tensor, std::optional<int> dst, ReduceOp op,
+               const ProcessGroupPtr& group, bool async_op, std::optional<int> group_dst) {
   Call c(group, "reduce");
+  const int root = c.root_of(dst, group_dst, "dst", "group_dst");
   if (c.skip()) return completed_work(c.op);
   c.check_output(tensor, "tensor");
   auto opts = c.options<ReduceOptions>();
   opts.op = op;
-  opts.root = c.group_rank_of(dst, "dst");
+  opts.root = root;
   c.check_reduce_op(tensor, op);
   c.debug(tensor, true, opts.root, reduce_code(op));
   at::Tensor t = real_view(tensor);
-  return c.finish(c.pg->backend_for(t).reduce(t, opts), async_op);
+  CollectiveBackend& backend = c.pg->backend_for(t);
+  if (scales_first(backend, op)) {
+    // Only the root's tensor is written; the others keep their input (Note [PREMUL_SUM
+    // without NCCL]).
+    if (root == c.pg->rank()) {
+      t.mul_(op.factor_like(t));
+    } else {
+      t = premul_copy(op, t);
+    }
+    opts.op = ReduceOp::SUM;
+  }
+  return c.finish(backend.reduce(t, opts), async_op);
 }
 
 WorkPtr all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
@@ -266,6 +167,84 @@ WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor
       async_op);
 }
 
+// As c10d's Gloo allgather_coalesced, on every backend: the inputs travel as one flat
+// all_gather_into_tensor, and each rank's block is copied out into its output list.
+WorkPtr all_gather_coalesced(std::vector<std::vector<at::Tensor>>& output_tensor_lists,
+                             const std::vector<at::Tensor>& input_tensor_list,
+                             const ProcessGroupPtr& group, bool async_op) {
+  Call c(group, "all_gather_coalesced");
+  if (c.skip()) return completed_work(c.op);
+  TDIST_CHECK_ARG(!input_tensor_list.empty(), c.where() + ": input_tensor_list is empty");
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < input_tensor_list.size(); ++i) {
+    const std::string what = "input_tensor_list[" + std::to_string(i) + "]";
+    inputs.push_back(c.input(input_tensor_list[i], what));
+    c.check_like(inputs.back(), inputs.front(), what, false);
+  }
+  c.check_list_size(output_tensor_lists.size(), "output_tensor_lists");
+  for (size_t r = 0; r < output_tensor_lists.size(); ++r) {
+    const auto& list = output_tensor_lists[r];
+    if (list.size() != inputs.size()) {
+      TDIST_THROW(InvalidArgument,
+                  c.where() + ": output_tensor_lists[" + std::to_string(r) + "] has " +
+                      std::to_string(list.size()) + " tensors but input_tensor_list has " +
+                      std::to_string(inputs.size()) + "; give every rank one output per input");
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string what =
+          "output_tensor_lists[" + std::to_string(r) + "][" + std::to_string(i) + "]";
+      c.check_output(list[i], what);
+      c.check_like(list[i], inputs[i], what, true);
+    }
+  }
+  {
+    // One fingerprint for the whole list: the element count of each input, as one shape.
+    auto sig = detail::signature_of(c.op, inputs[0], true, -1, -1);
+    sig.shape.clear();
+    for (const auto& t : inputs) sig.shape.push_back(t.numel());
+    c.debug_signature(sig, inputs);
+  }
+  std::vector<at::Tensor> parts;
+  for (const auto& t : inputs) parts.push_back(t.reshape({-1}));
+  const at::Tensor flat_in = at::cat(parts);
+  const int64_t total = flat_in.numel();
+  const at::Tensor flat_out = at::empty({c.pg->size() * total}, flat_in.options());
+  at::Tensor wire_out = real_view(flat_out);
+  const at::Tensor wire_in = real_view(flat_in);
+  WorkPtr gathered = c.pg->backend_for(wire_in).all_gather_into_tensor(
+      wire_out, wire_in, c.options<AllgatherOptions>());
+  auto copy_out = [outputs = output_tensor_lists, flat_out, total] {
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      int64_t offset = static_cast<int64_t>(r) * total;
+      for (const auto& out : outputs[r]) {
+        out.view(-1).copy_(flat_out.narrow(0, offset, out.numel()));
+        offset += out.numel();
+      }
+    }
+  };
+  if (!async_op || !flat_in.is_cpu()) {
+    // On a device, the copies queue on the caller's current stream after the collective
+    // (wait() orders it, Note [Stream semantics] in src/nccl/nccl_backend.cpp).
+    c.finish(gathered, /*async_op=*/false);
+    copy_out();
+    return gathered;
+  }
+  std::vector<at::Tensor> results;
+  for (const auto& list : output_tensor_lists)
+    results.insert(results.end(), list.begin(), list.end());
+  auto done = std::make_shared<Work>(c.op, std::move(results));
+  gathered->then([done, copy_out](Work& w) {
+    if (auto error = w.exception()) return done->finish_with_error(error);
+    try {
+      copy_out();
+    } catch (...) {
+      return done->finish_with_error(std::current_exception());
+    }
+    done->finish();
+  });
+  return c.finish(done, /*async_op=*/true);
+}
+
 bool supports_all_gather_placed(const at::Tensor& input, const ProcessGroupPtr& group) {
   const ProcessGroupPtr pg = detail::resolve_group(group, "all_gather_placed");
   return pg->is_member() && pg->backend_for(input).supports_all_gather_placed();
@@ -290,13 +269,15 @@ WorkPtr all_gather_placed(const at::Tensor& input_tensor, CollectiveBackend::Blo
       /*async_op=*/true);
 }
 
-WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, int dst,
-               const ProcessGroupPtr& group, bool async_op) {
+WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list,
+               std::optional<int> dst, const ProcessGroupPtr& group, bool async_op,
+               std::optional<int> group_dst) {
   Call c(group, "gather");
+  const int root = c.root_of(dst, group_dst, "dst", "group_dst", /*fallback=*/0);
   if (c.skip()) return completed_work(c.op);
   at::Tensor in = c.input(tensor, "tensor");
   auto opts = c.options<GatherOptions>();
-  opts.root = c.group_rank_of(dst, "dst");
+  opts.root = root;
   if (opts.root == c.pg->rank()) {
     c.check_list_size(gather_list.size(), "gather_list");
     for (size_t i = 0; i < gather_list.size(); ++i) {
@@ -306,9 +287,9 @@ WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, in
     }
   } else if (!gather_list.empty()) {
     TDIST_THROW(InvalidArgument, c.where() +
-                                     ": gather_list must be empty on ranks other than "
-                                     "dst " +
-                                     std::to_string(dst));
+                                     ": gather_list must be empty on ranks other than the "
+                                     "destination (global rank " +
+                                     std::to_string(c.pg->global_rank(root)) + ")");
   }
   c.debug(in, true, opts.root);
   std::vector<at::Tensor> outputs = real_views(gather_list);
@@ -316,13 +297,15 @@ WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list, in
   return c.finish(c.pg->backend_for(input).gather(outputs, input, opts), async_op);
 }
 
-WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, int src,
-                const ProcessGroupPtr& group, bool async_op) {
+WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list,
+                std::optional<int> src, const ProcessGroupPtr& group, bool async_op,
+                std::optional<int> group_src) {
   Call c(group, "scatter");
+  const int root = c.root_of(src, group_src, "src", "group_src", /*fallback=*/0);
   if (c.skip()) return completed_work(c.op);
   c.check_output(tensor, "tensor");
   auto opts = c.options<ScatterOptions>();
-  opts.root = c.group_rank_of(src, "src");
+  opts.root = root;
   if (opts.root == c.pg->rank()) {
     c.check_list_size(scatter_list.size(), "scatter_list");
     for (size_t i = 0; i < scatter_list.size(); ++i) {
@@ -332,9 +315,9 @@ WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list, 
     }
   } else if (!scatter_list.empty()) {
     TDIST_THROW(InvalidArgument, c.where() +
-                                     ": scatter_list must be empty on ranks other than "
-                                     "src " +
-                                     std::to_string(src));
+                                     ": scatter_list must be empty on ranks other than the "
+                                     "source (global rank " +
+                                     std::to_string(c.pg->global_rank(root)) + ")");
   }
   c.debug(tensor, true, opts.root);
   at::Tensor out = real_view(tensor);
@@ -358,7 +341,13 @@ WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& 
   opts.op = op;
   c.debug(output, true, -1, reduce_code(op));
   at::Tensor out = real_view(output);
-  return c.finish(c.pg->backend_for(out).reduce_scatter(out, real_views(inputs), opts), async_op);
+  CollectiveBackend& backend = c.pg->backend_for(out);
+  std::vector<at::Tensor> wire = real_views(inputs);
+  if (scales_first(backend, op)) {
+    for (auto& t : wire) t = premul_copy(op, t);
+    opts.op = ReduceOp::SUM;
+  }
+  return c.finish(backend.reduce_scatter(out, wire, opts), async_op);
 }
 
 WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
@@ -379,7 +368,13 @@ WorkPtr reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input,
   opts.op = op;
   c.debug(output, true, -1, reduce_code(op));
   at::Tensor out = real_view(output);
-  return c.finish(c.pg->backend_for(out).reduce_scatter_tensor(out, real_view(in), opts), async_op);
+  CollectiveBackend& backend = c.pg->backend_for(out);
+  at::Tensor wire = real_view(in);
+  if (scales_first(backend, op)) {
+    wire = premul_copy(op, wire);
+    opts.op = ReduceOp::SUM;
+  }
+  return c.finish(backend.reduce_scatter_tensor(out, wire, opts), async_op);
 }
 
 WorkPtr all_to_all(std::vector<at::Tensor>& output_tensor_list,
@@ -454,101 +449,6 @@ WorkPtr barrier(const ProcessGroupPtr& group, bool async_op) {
   if (c.skip()) return completed_work(c.op);
   c.debug(at::Tensor(), false);
   return c.finish(c.pg->default_backend().barrier(c.options<BarrierOptions>()), async_op);
-}
-
-namespace {
-WorkPtr point_to_point(bool is_send, const at::Tensor& tensor, int peer,
-                       const ProcessGroupPtr& group, int tag) {
-  Call c(group, is_send ? "send" : "recv");
-  if (c.skip()) return completed_work(c.op);
-  const char* role = is_send ? "dst" : "src";
-  int peer_rank = c.group_rank_of(peer, role);
-  if (peer_rank == c.pg->rank()) {
-    TDIST_THROW(InvalidArgument, c.where() + ": " + role + " " + std::to_string(peer) +
-                                     " is this rank itself; a rank cannot " + c.op +
-                                     " to or from itself");
-  }
-  TDIST_CHECK_ARG(tag >= 0, c.where() + ": tag " + std::to_string(tag) + " is negative");
-  auto opts = c.options<SendRecvOptions>();
-  opts.tag_id = tag;
-  WorkPtr work;
-  at::Tensor t = is_send ? c.input(tensor, "tensor") : tensor;
-  if (!is_send) c.check_output(tensor, "tensor");
-  const uint64_t record_id =
-      detail::flight_record_issue(*c.pg, c.pg->sequence_number(), c.op, {t}, peer);
-  at::Tensor wire = real_view(t);
-  work = is_send ? c.pg->backend_for(wire).send(wire, peer_rank, opts)
-                 : c.pg->backend_for(wire).recv(wire, peer_rank, opts);
-  detail::flight_record_track(record_id, c.pg, work);
-  return work;
-}
-}  // namespace
-
-P2POp::P2POp(Function op_, at::Tensor tensor_, int peer_, ProcessGroupPtr group_, int tag_)
-    : op(op_), tensor(std::move(tensor_)), peer(peer_), group(std::move(group_)), tag(tag_) {
-  TDIST_CHECK_ARG(op == &isend || op == &irecv, "P2POp: op must be tdist::isend or tdist::irecv");
-}
-
-std::vector<WorkPtr> batch_isend_irecv(const std::vector<P2POp>& ops) {
-  TDIST_CHECK_ARG(!ops.empty(), "batch_isend_irecv: the list of ops is empty");
-  for (const auto& op : ops) {
-    TDIST_CHECK_ARG(op.group == ops.front().group,
-                    "batch_isend_irecv: every P2POp must use the same group");
-  }
-  Call c(ops.front().group, "batch_isend_irecv");
-  if (c.skip()) return std::vector<WorkPtr>(ops.size(), completed_work(c.op));
-  std::vector<PointToPoint> batch;
-  std::vector<at::Tensor> tensors;
-  for (const auto& op : ops) {
-    const bool is_send = op.op == &isend;
-    const char* role = is_send ? "dst" : "src";
-    PointToPoint p;
-    p.is_send = is_send;
-    p.peer = c.group_rank_of(op.peer, role);
-    if (p.peer == c.pg->rank()) {
-      TDIST_THROW(InvalidArgument,
-                  c.where() + ": " + role + " " + std::to_string(op.peer) + " is this rank itself");
-    }
-    TDIST_CHECK_ARG(op.tag >= 0, c.where() + ": tag " + std::to_string(op.tag) + " is negative");
-    p.tag = op.tag;
-    p.tensor = is_send ? c.input(op.tensor, "tensor") : op.tensor;
-    if (!is_send) c.check_output(op.tensor, "tensor");
-    if (!batch.empty() && p.tensor.device() != batch.front().tensor.device()) {
-      TDIST_THROW(InvalidArgument, c.where() + ": a tensor on " + p.tensor.device().str() +
-                                       " and one on " + batch.front().tensor.device().str() +
-                                       "; one batch goes to one backend and device");
-    }
-    tensors.push_back(p.tensor);
-    p.tensor = real_view(p.tensor);
-    batch.push_back(std::move(p));
-  }
-  const uint64_t record_id =
-      detail::flight_record_issue(*c.pg, c.pg->sequence_number(), c.op, tensors);
-  WorkPtr work = c.pg->backend_for(batch.front().tensor)
-                     .batch_send_recv(batch, c.options<CollectiveOptions>());
-  detail::flight_record_track(record_id, c.pg, work);
-  return std::vector<WorkPtr>(ops.size(), work);
-}
-
-WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group, int tag) {
-  return point_to_point(true, tensor, dst, group, tag);
-}
-
-WorkPtr irecv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, int tag) {
-  return point_to_point(false, tensor, src, group, tag);
-}
-
-void send(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group, int tag) {
-  auto work = isend(tensor, dst, group, tag);
-  auto pg = detail::resolve_group(group, "send");
-  work->wait(pg->timeout() + std::chrono::seconds(5));
-}
-
-int recv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group, int tag) {
-  auto work = irecv(tensor, src, group, tag);
-  auto pg = detail::resolve_group(group, "recv");
-  work->wait(pg->timeout() + std::chrono::seconds(5));
-  return src;
 }
 
 }  // namespace tdist

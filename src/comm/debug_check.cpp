@@ -72,7 +72,8 @@ std::string describe(const int64_t* f) {
     out += "]";
   }
   if (f[kRoot] >= 0) out += ", root=" + std::to_string(f[kRoot]);
-  if (f[kReduceOp] >= 0) out += ", op=" + to_string(static_cast<ReduceOp>(f[kReduceOp]));
+  if (f[kReduceOp] >= 0)
+    out += ", op=" + to_string(ReduceOp(static_cast<ReduceOp::Kind>(f[kReduceOp])));
   return out + ")";
 }
 

@@ -22,7 +22,7 @@ struct CallSignature {
   std::vector<int64_t> shape;  // what every rank must agree on
   bool check_shape = true;
   int root = -1;       // group rank, -1 when the op has none
-  int reduce_op = -1;  // static_cast<int>(ReduceOp), -1 when none
+  int reduce_op = -1;  // ReduceOp::code(), -1 when none
 };
 
 /// The signature of a call on `tensor` (undefined: no dtype, no shape).

@@ -46,31 +46,6 @@ std::chrono::milliseconds default_timeout(const std::map<std::string, std::strin
   return kDefaultPgTimeout;
 }
 
-/// One backend instance per backend name, shared by the device types it serves.
-void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>& spec,
-                     const StorePtr& group_store, std::chrono::milliseconds timeout,
-                     const std::string& device_id) {
-  NewBackendsDeviceScope device_scope(device_id);
-  std::map<std::string, CollectiveBackendPtr> made;
-  for (const auto& [device, name] : spec) {
-    auto it = made.find(name);
-    if (it == made.end()) {
-      auto factory = backend_factory(name);
-      auto store = std::make_shared<PrefixStore>(name, group_store);
-      CollectiveBackendPtr backend = factory(store, pg.rank(), pg.size(), timeout);
-      if (!backend) {
-        TDIST_THROW(DistBackendError, "the factory of backend '" + name + "' returned null");
-      }
-      it = made.emplace(name, std::move(backend)).first;
-    }
-    CollectiveBackendPtr backend = it->second;
-    // Note [Staging device tensors through the host].
-    const c10::DeviceType type = c10::Device(device).type();
-    if (!backend->takes_device_tensors(type)) backend = stage_through_host(backend, type);
-    pg.set_backend(device, name, backend);
-  }
-}
-
 std::string spec_text(const std::map<std::string, std::string>& spec) {
   std::set<std::string> names;
   for (const auto& [device, name] : spec) names.insert(name);
@@ -111,7 +86,8 @@ std::unique_ptr<HeartbeatMonitor> start_heartbeat(const WorldState& state,
 /// store. Best effort: a rank that died never arrives, and then rank 0 gives up.
 void exit_barrier(WorldState& state) {
   if (!state.world || state.world->size() == 1) return;
-  const std::string key = store_prefix(state) + "exit";
+  // Per world: after shrink_group replaced the world, excluded ranks count for the old one.
+  const std::string key = store_prefix(state) + "exit/" + state.world->name();
   try {
     state.store->add(key, 1);
     if (state.world->rank() != 0) return;
@@ -134,6 +110,30 @@ WorldState* world_state() {
 
 std::string store_prefix(const WorldState& state) {
   return "tdist/" + std::to_string(state.generation) + "/";
+}
+
+void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>& spec,
+                     const StorePtr& group_store, std::chrono::milliseconds timeout,
+                     const std::string& device_id,
+                     std::map<std::string, CollectiveBackendPtr> made) {
+  NewBackendsDeviceScope device_scope(device_id);
+  for (const auto& [device, name] : spec) {
+    auto it = made.find(name);
+    if (it == made.end()) {
+      auto factory = backend_factory(name);
+      auto store = std::make_shared<PrefixStore>(name, group_store);
+      CollectiveBackendPtr backend = factory(store, pg.rank(), pg.size(), timeout);
+      if (!backend) {
+        TDIST_THROW(DistBackendError, "the factory of backend '" + name + "' returned null");
+      }
+      it = made.emplace(name, std::move(backend)).first;
+    }
+    CollectiveBackendPtr backend = it->second;
+    // Note [Staging device tensors through the host].
+    const c10::DeviceType type = c10::Device(device).type();
+    if (!backend->takes_device_tensors(type)) backend = stage_through_host(backend, type);
+    pg.set_backend(device, name, backend);
+  }
 }
 
 ProcessGroupPtr resolve_group(const ProcessGroupPtr& group, const std::string& op) {
@@ -313,6 +313,7 @@ void init_process_group(const InitProcessGroupOptions& options) {
   for (int r = 0; r < world_size; ++r) ranks[r] = r;
   auto group_store = std::make_shared<PrefixStore>(prefix + "pg/0", state->store);
   auto world = std::make_shared<ProcessGroup>("0", group_store, rank, ranks, timeout);
+  world->set_group_desc("default_pg");
   world->set_debug_detail(debug);
   detail::create_backends(*world, spec, group_store, timeout, state->device_id);
   // New groups' nccl binds the GPU the world's bound (its constructor made it current), not
@@ -391,6 +392,7 @@ ProcessGroupPtr new_group(std::vector<int> ranks, const NewGroupOptions& options
   auto group_store =
       std::make_shared<PrefixStore>(detail::store_prefix(state) + "pg/" + name, state.store);
   auto pg = std::make_shared<ProcessGroup>(name, group_store, my_rank, ranks, timeout);
+  pg->set_group_desc("undefined");
   pg->set_debug_detail(state.debug_detail);
   if (my_rank >= 0) detail::create_backends(*pg, spec, group_store, timeout, state.device_id);
   state.groups.push_back(pg);
@@ -419,6 +421,17 @@ std::string get_backend(const ProcessGroupPtr& group) {
   TDIST_CHECK_ARG(pg->is_member(),
                   "get_backend: this process is not a member of group '" + pg->name() + "'");
   return detail::spec_text(pg->backend_names());
+}
+
+std::string get_backend_config(const ProcessGroupPtr& group) {
+  auto pg = detail::resolve_group(group, "get_backend_config");
+  TDIST_CHECK_ARG(pg->is_member(),
+                  "get_backend_config: this process is not a member of group '" + pg->name() + "'");
+  std::string out;
+  for (const auto& [device, name] : pg->backend_names()) {
+    out += (out.empty() ? "" : ",") + device + ":" + name;
+  }
+  return out;
 }
 
 }  // namespace tdist

@@ -125,6 +125,7 @@ nlohmann::json record_to_json(const CollectiveRecord& r) {
   j["seq"] = r.seq;
   j["op"] = r.op;
   if (r.peer >= 0) j["peer"] = r.peer;
+  if (r.peer == kAnyPeer) j["peer"] = "any";
   j["shapes"] = r.shapes;
   j["dtypes"] = r.dtypes;
   j["label"] = r.label;

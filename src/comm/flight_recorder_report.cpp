@@ -117,7 +117,7 @@ std::string describe(const json& r) {
 json progress_of(const GroupRef& pg, bool timed_out) {
   std::vector<CollectiveRecord> records;
   for (auto& r : flight_records_of(pg.name(), pg.global_ranks())) {
-    if (r.peer < 0) records.push_back(std::move(r));
+    if (r.peer == -1) records.push_back(std::move(r));
   }
   json p;
   p["rank"] = pg.global_rank(pg.rank());

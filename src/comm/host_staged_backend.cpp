@@ -214,6 +214,9 @@ class HostStagedBackend : public CollectiveBackend {
   WorkPtr recv(at::Tensor& tensor, int, const SendRecvOptions&) override {
     not_staged("recv", tensor);
   }
+  WorkPtr recv_anysource(at::Tensor& tensor, const SendRecvOptions&) override {
+    not_staged("recv", tensor);
+  }
 
  private:
   c10::Device device_of(const at::Tensor& t) const {

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "comm/collective_call.h"
 #include "state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -59,48 +60,58 @@ std::vector<int64_t> all_gather_sizes(int64_t mine, const ProcessGroupPtr& pg,
 
 }  // namespace
 
-void send_object_list(const std::vector<Object>& object_list, int dst,
-                      const ProcessGroupPtr& group) {
-  auto pg = detail::resolve_group(group, "send_object_list");
+void send_object_list(const std::vector<Object>& object_list, std::optional<int> dst,
+                      const ProcessGroupPtr& group, std::optional<int> group_dst) {
+  const detail::Call c(group, "send_object_list");
+  const int peer = c.root_of(dst, group_dst, "dst", "group_dst");
+  const ProcessGroupPtr& pg = c.pg;
   if (!pg->is_member()) return;
   const std::vector<uint8_t> bytes = serialize_object(Object(object_list));
   const c10::Device device = pg->default_device();
   const auto size = static_cast<int64_t>(bytes.size());
-  send(int64_on(size, device), dst, pg);
-  send(to_bytes_tensor(bytes, size, device), dst, pg);
+  send(int64_on(size, device), std::nullopt, pg, 0, peer);
+  send(to_bytes_tensor(bytes, size, device), std::nullopt, pg, 0, peer);
 }
 
-int recv_object_list(std::vector<Object>& object_list, int src, const ProcessGroupPtr& group) {
-  auto pg = detail::resolve_group(group, "recv_object_list");
+int recv_object_list(std::vector<Object>& object_list, std::optional<int> src,
+                     const ProcessGroupPtr& group, std::optional<int> group_src) {
+  const detail::Call c(group, "recv_object_list");
+  // As torch.distributed 2.11's recv_object_list: a named source, in either form.
+  const int peer = c.root_of(src, group_src, "src", "group_src");
+  const ProcessGroupPtr& pg = c.pg;
   if (!pg->is_member()) return -1;
+  const int from = pg->global_rank(peer);
   const c10::Device device = pg->default_device();
   at::Tensor size = empty_on({1}, torch::kInt64, device);
-  recv(size, src, pg);
+  recv(size, std::nullopt, pg, 0, peer);
   const int64_t n = size.item<int64_t>();
-  TDIST_CHECK_ARG(n >= 0, "recv_object_list: global rank " + std::to_string(src) + " announced " +
+  TDIST_CHECK_ARG(n >= 0, "recv_object_list: global rank " + std::to_string(from) + " announced " +
                               std::to_string(n) + " bytes; was its send a send_object_list?");
   at::Tensor data = empty_on({std::max<int64_t>(n, 1)}, torch::kUInt8, device);
-  recv(data, src, pg);
-  object_list = from_bytes_tensor(data, n, "recv_object_list", src).as_list();
-  return src;
+  recv(data, std::nullopt, pg, 0, peer);
+  object_list = from_bytes_tensor(data, n, "recv_object_list", from).as_list();
+  return from;
 }
 
-void broadcast_object_list(std::vector<Object>& object_list, int src,
-                           const ProcessGroupPtr& group) {
-  auto pg = detail::resolve_group(group, "broadcast_object_list");
+void broadcast_object_list(std::vector<Object>& object_list, std::optional<int> src,
+                           const ProcessGroupPtr& group, std::optional<int> group_src) {
+  const detail::Call c(group, "broadcast_object_list");
+  const int root = c.root_of(src, group_src, "src", "group_src", /*fallback=*/0);
+  const ProcessGroupPtr& pg = c.pg;
   if (!pg->is_member()) return;
-  const bool is_src = pg->global_rank(pg->rank()) == src;
+  const bool is_src = pg->rank() == root;
   std::vector<uint8_t> bytes;
   if (is_src) bytes = serialize_object(Object(object_list));
   const c10::Device device = pg->default_device();
   at::Tensor size = int64_on(static_cast<int64_t>(bytes.size()), device);
-  broadcast(size, src, pg);
+  broadcast(size, std::nullopt, pg, false, root);
   const int64_t n = size.item<int64_t>();
   at::Tensor data = is_src ? to_bytes_tensor(bytes, n, device)
                            : empty_on({std::max<int64_t>(n, 1)}, torch::kUInt8, device);
-  broadcast(data, src, pg);
+  broadcast(data, std::nullopt, pg, false, root);
   if (is_src) return;
-  object_list = from_bytes_tensor(data, n, "broadcast_object_list", src).as_list();
+  object_list =
+      from_bytes_tensor(data, n, "broadcast_object_list", pg->global_rank(root)).as_list();
 }
 
 void all_gather_object(std::vector<Object>& object_list, const Object& obj,
@@ -122,15 +133,17 @@ void all_gather_object(std::vector<Object>& object_list, const Object& obj,
   object_list = std::move(result);
 }
 
-void gather_object(const Object& obj, std::vector<Object>* object_gather_list, int dst,
-                   const ProcessGroupPtr& group) {
-  auto pg = detail::resolve_group(group, "gather_object");
+void gather_object(const Object& obj, std::vector<Object>* object_gather_list,
+                   std::optional<int> dst, const ProcessGroupPtr& group,
+                   std::optional<int> group_dst) {
+  const detail::Call c(group, "gather_object");
+  const int root = c.root_of(dst, group_dst, "dst", "group_dst", /*fallback=*/0);
+  const ProcessGroupPtr& pg = c.pg;
   if (!pg->is_member()) return;
-  const int root = pg->group_rank(dst);
   const bool is_dst = root == pg->rank();
-  TDIST_CHECK_ARG(
-      !is_dst || object_gather_list != nullptr,
-      "gather_object: rank " + std::to_string(dst) + " is dst and must pass an object_gather_list");
+  TDIST_CHECK_ARG(!is_dst || object_gather_list != nullptr,
+                  "gather_object: global rank " + std::to_string(pg->global_rank(root)) +
+                      " is the destination and must pass an object_gather_list");
   auto bytes = serialize_object(obj);
   const c10::Device device = pg->default_device();
   auto sizes = all_gather_sizes(static_cast<int64_t>(bytes.size()), pg, device);
@@ -140,7 +153,7 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
   if (is_dst) {
     for (int r = 0; r < pg->size(); ++r) outputs.push_back(torch::empty_like(in));
   }
-  gather(in, outputs, dst, pg);
+  gather(in, outputs, std::nullopt, pg, false, root);
   if (!is_dst) return;
   std::vector<Object> result;
   for (int r = 0; r < pg->size(); ++r) {
@@ -150,17 +163,20 @@ void gather_object(const Object& obj, std::vector<Object>* object_gather_list, i
 }
 
 void scatter_object_list(std::vector<Object>& scatter_object_output_list,
-                         const std::vector<Object>& scatter_object_input_list, int src,
-                         const ProcessGroupPtr& group) {
-  auto pg = detail::resolve_group(group, "scatter_object_list");
+                         const std::vector<Object>& scatter_object_input_list,
+                         std::optional<int> src, const ProcessGroupPtr& group,
+                         std::optional<int> group_src) {
+  const detail::Call c(group, "scatter_object_list");
+  const int root = c.root_of(src, group_src, "src", "group_src", /*fallback=*/0);
+  const ProcessGroupPtr& pg = c.pg;
   if (!pg->is_member()) return;
-  const int root = pg->group_rank(src);
   const bool is_src = root == pg->rank();
+  const int src_rank = pg->global_rank(root);
   std::vector<std::vector<uint8_t>> parts;
   int64_t max_size = 0;
   if (is_src) {
     TDIST_CHECK_ARG(static_cast<int>(scatter_object_input_list.size()) == pg->size(),
-                    "scatter_object_list: src rank " + std::to_string(src) + " gave " +
+                    "scatter_object_list: src rank " + std::to_string(src_rank) + " gave " +
                         std::to_string(scatter_object_input_list.size()) +
                         " objects but the group has " + std::to_string(pg->size()) + " ranks");
     for (const auto& obj : scatter_object_input_list) {
@@ -170,7 +186,7 @@ void scatter_object_list(std::vector<Object>& scatter_object_output_list,
   }
   const c10::Device device = pg->default_device();
   at::Tensor max_t = int64_on(max_size, device);
-  broadcast(max_t, src, pg);
+  broadcast(max_t, std::nullopt, pg, false, root);
   max_size = max_t.item<int64_t>();
   std::vector<at::Tensor> data_in, size_in;
   if (is_src) {
@@ -181,11 +197,11 @@ void scatter_object_list(std::vector<Object>& scatter_object_output_list,
   }
   at::Tensor data = empty_on({std::max<int64_t>(max_size, 1)}, torch::kUInt8, device);
   at::Tensor size = empty_on({1}, torch::kInt64, device);
-  scatter(size, size_in, src, pg);
-  scatter(data, data_in, src, pg);
+  scatter(size, size_in, std::nullopt, pg, false, root);
+  scatter(data, data_in, std::nullopt, pg, false, root);
   if (scatter_object_output_list.empty()) scatter_object_output_list.resize(1);
   scatter_object_output_list[0] =
-      from_bytes_tensor(data, size.item<int64_t>(), "scatter_object_list", src);
+      from_bytes_tensor(data, size.item<int64_t>(), "scatter_object_list", src_rank);
 }
 
 }  // namespace tdist

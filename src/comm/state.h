@@ -41,4 +41,12 @@ ProcessGroupPtr resolve_group(const ProcessGroupPtr& group, const std::string& o
 /// The key prefix of everything this initialisation keeps in the store.
 std::string store_prefix(const WorldState& state);
 
+/// Gives `pg` (a member) a backend per device type of `spec`, created through the registry
+/// over `group_store` (one instance per backend name, shared by the device types it serves),
+/// except the backends `made` already holds by name (split or shrunk from a parent).
+void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>& spec,
+                     const StorePtr& group_store, std::chrono::milliseconds timeout,
+                     const std::string& device_id,
+                     std::map<std::string, CollectiveBackendPtr> made = {});
+
 }  // namespace tdist::detail

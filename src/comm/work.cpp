@@ -36,6 +36,16 @@ std::exception_ptr Work::exception() const {
   return error_;
 }
 
+int Work::source_rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return source_rank_;
+}
+
+void Work::set_source_rank(int group_rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  source_rank_ = group_rank;
+}
+
 void Work::then(std::function<void(Work&)> callback) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -173,7 +173,8 @@ uint64_t p2p_slot_base(int tag) {
 
 OpInfo p2p_info(const std::string& op, int peer, int tag, std::chrono::milliseconds timeout) {
   OpInfo info;
-  info.op = op + " (peer " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  info.op = op + " (" + (peer < 0 ? std::string("any peer") : "peer " + std::to_string(peer)) +
+            ", tag " + std::to_string(tag) + ")";
   info.timeout = timeout;
   info.deadline = Clock::now() + timeout;
   return info;
@@ -216,34 +217,65 @@ WorkPtr GlooBackend::send(const at::Tensor& tensor, int dst, const SendRecvOptio
 }
 
 WorkPtr GlooBackend::recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) {
+  check_peer(src, rank_, size_, "recv");
+  return receive(tensor, src, opts);
+}
+
+WorkPtr GlooBackend::recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts) {
+  TDIST_CHECK_ARG(size_ > 1, rank_prefix(rank_, "recv") +
+                                 "a receive from any source in a group of one rank would wait "
+                                 "forever");
+  return receive(tensor, -1, opts);
+}
+
+// A receive from any source takes the first header that arrives on the tag's slot from any
+// peer (libgloo's recv from a rank list), then the payload from that peer: per pair and
+// slot, messages arrive in the order they were sent, so it is that header's payload.
+WorkPtr GlooBackend::receive(at::Tensor& tensor, int src, const SendRecvOptions& opts) {
   const std::string op = "recv";
   check_tensor(tensor, op, rank_, "tensor");
-  check_peer(src, rank_, size_, op);
   auto timeout = effective_timeout(opts);
-  return enqueue(
-      Lane::kRecv, op, {tensor}, [this, op, t = tensor, src, tag = opts.tag_id, timeout]() mutable {
+  auto source = std::make_shared<int>(src);
+  WorkPtr work = enqueue(
+      Lane::kRecv, op, {tensor},
+      [this, op, t = tensor, src, tag = opts.tag_id, timeout, source]() mutable {
         Exchange ex(comm(), p2p_info(op, src, tag, timeout));
         ex.set_slot_base(p2p_slot_base(tag));
         Header h;
-        ex.wait(ex.post_recv(src, &h, sizeof(h), 0, 0));
+        size_t handle = 0;
+        if (src >= 0) {
+          handle = ex.post_recv(src, &h, sizeof(h), 0, 0);
+        } else {
+          std::vector<int> peers;
+          for (int p = 0; p < size_; ++p) {
+            if (p != rank_) peers.push_back(p);
+          }
+          handle = ex.post_recv_any(peers, &h, sizeof(h), 0, 0);
+        }
+        ex.wait(handle);
+        const int from = ex.source(handle);
+        *source = from;
         at::Tensor work = staged_output(t, t.scalar_type());
         const bool match = h.dtype == static_cast<int32_t>(t.scalar_type()) &&
                            h.send_bytes == static_cast<int64_t>(work.nbytes());
         if (!match) {
           // Drain the payload so the connection stays in step, then report.
           std::vector<char> sink(std::max<int64_t>(h.send_bytes, 1));
-          ex.wait(ex.post_recv(src, sink.data(), h.send_bytes, 0, 0));
+          ex.wait(ex.post_recv(from, sink.data(), h.send_bytes, 0, 0));
           TDIST_THROW(InvalidArgument,
-                      rank_prefix(rank_, op) + "rank " + std::to_string(src) + " sent " +
+                      rank_prefix(rank_, op) + "rank " + std::to_string(from) + " sent " +
                           std::to_string(h.total) + " elements of " +
                           std::string(c10::toString(static_cast<at::ScalarType>(h.dtype))) +
                           " (tag " + std::to_string(tag) + ") but this rank receives into " +
                           std::to_string(t.numel()) + " elements of " +
                           std::string(c10::toString(t.scalar_type())) + "; make the tensors match");
         }
-        ex.wait(ex.post_recv(src, bytes_of(work), work.nbytes(), 0, 0));
+        ex.wait(ex.post_recv(from, bytes_of(work), work.nbytes(), 0, 0));
         unstage(t, work);
       });
+  // Runs before waiters wake (Work::then), so source_rank() is set once wait() returns.
+  work->then([source](Work& w) { w.set_source_rank(*source); });
+  return work;
 }
 
 }  // namespace tdist

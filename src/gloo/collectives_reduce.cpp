@@ -73,7 +73,7 @@ WorkPtr GlooBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts
                    if (ShmArena* arena = comm().shm()) {
                      if (shm_all_reduce(ex, *arena, t, rop)) return;
                    } else {
-                     ex.handshake(header_for(t, t.numel(), static_cast<int>(rop)), {}, {});
+                     ex.handshake(header_for(t, t.numel(), rop.code()), {}, {});
                    }
                    at::Tensor work = staged(t, accumulation_dtype(t.scalar_type()));
                    all_reduce_flat(ex, work, rop);
@@ -97,7 +97,7 @@ WorkPtr GlooBackend::all_reduce_coalesced(std::vector<at::Tensor>& tensors,
   return enqueue(Lane::kCollective, op, tensors,
                  [this, op, ts = tensors, total, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
-                   ex.handshake(header_for(ts[0], total, static_cast<int>(rop)), {}, {});
+                   ex.handshake(header_for(ts[0], total, rop.code()), {}, {});
                    const auto acc = accumulation_dtype(ts[0].scalar_type());
                    std::vector<at::Tensor> flat;
                    for (auto& t : ts) flat.push_back(t.reshape({-1}).to(acc));
@@ -122,7 +122,7 @@ WorkPtr GlooBackend::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
                    const int n = size_, r = rank_;
                    const int64_t numel = t.numel();
-                   ex.handshake(header_for(t, numel, static_cast<int>(rop), root), {}, {});
+                   ex.handshake(header_for(t, numel, rop.code(), root), {}, {});
                    const auto acc = accumulation_dtype(t.scalar_type());
                    // Non-roots keep their input intact: the ring overwrites its buffer.
                    at::Tensor work = r == root ? staged(t, acc) : t.contiguous().to(acc).clone();
@@ -187,7 +187,7 @@ WorkPtr GlooBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor&
                    if (ShmArena* arena = comm().shm()) {
                      if (shm_reduce_scatter(ex, *arena, out, in, rop)) return;
                    } else {
-                     ex.handshake(header_for(out, out.numel(), static_cast<int>(rop)), {}, {});
+                     ex.handshake(header_for(out, out.numel(), rop.code()), {}, {});
                    }
                    const auto acc = accumulation_dtype(out.scalar_type());
                    at::Tensor src = staged(in, acc);
@@ -210,7 +210,7 @@ WorkPtr GlooBackend::reduce_scatter(at::Tensor& output, const std::vector<at::Te
   return enqueue(Lane::kCollective, op, {output},
                  [this, op, out = output, ins = inputs, rop = opts.op, timeout]() mutable {
                    Exchange ex(comm(), start_op(comm(), op, timeout));
-                   ex.handshake(header_for(out, out.numel(), static_cast<int>(rop)), {}, {});
+                   ex.handshake(header_for(out, out.numel(), rop.code()), {}, {});
                    const auto acc = accumulation_dtype(out.scalar_type());
                    std::vector<at::Tensor> srcs;
                    std::vector<const char*> ptrs;

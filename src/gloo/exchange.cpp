@@ -17,7 +17,7 @@ constexpr uint64_t kMagic = 0x7464697374676c6fULL;  // "tdistglo"
 constexpr uint64_t kHeaderSlot = 1;
 
 std::string peer_name(int peer) {
-  return "rank " + std::to_string(peer);
+  return peer < 0 ? std::string("any rank") : "rank " + std::to_string(peer);
 }
 
 }  // namespace
@@ -28,14 +28,16 @@ std::string describe(const Header& h) {
   std::string s = op + " #" + std::to_string(h.seq) + "(elements=" + std::to_string(h.total);
   if (h.dtype >= 0)
     s += ", dtype=" + std::string(c10::toString(static_cast<at::ScalarType>(h.dtype)));
-  if (h.reduce_op >= 0) s += ", op=" + to_string(static_cast<ReduceOp>(h.reduce_op));
+  if (h.reduce_op >= 0)
+    s += ", op=" + to_string(ReduceOp(static_cast<ReduceOp::Kind>(h.reduce_op)));
   if (h.root >= 0) s += ", root=" + std::to_string(h.root);
   return s + ")";
 }
 
 struct Exchange::Pending {
   std::unique_ptr<gloo_transport::Buffer> buffer;
-  int peer = -1;
+  int peer = -1;  // -1: a receive from any of several peers
+  int source = -1;
   bool is_send = false;
   bool done = false;
 };
@@ -98,6 +100,23 @@ size_t Exchange::post_recv(int peer, void* ptr, size_t bytes, uint64_t key, int 
   return pending_.size() - 1;
 }
 
+size_t Exchange::post_recv_any(const std::vector<int>& peers, void* ptr, size_t bytes, uint64_t key,
+                               int channel) {
+  auto p = std::make_unique<Pending>();
+  try {
+    p->buffer = comm_.buffer(channel, ptr, bytes);
+    p->buffer->recv_any(peers, slot_base_ | key, 0, bytes);
+  } catch (...) {
+    rethrow(-1, false);
+  }
+  pending_.push_back(std::move(p));
+  return pending_.size() - 1;
+}
+
+int Exchange::source(size_t handle) const {
+  return pending_[handle]->source;
+}
+
 void Exchange::wait(size_t handle) {
   Pending& p = *pending_[handle];
   if (p.done) return;
@@ -111,7 +130,8 @@ void Exchange::wait(size_t handle) {
     auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(info_.deadline - Clock::now());
     left = std::max(left, std::chrono::milliseconds(1));
-    ok = p.is_send ? p.buffer->wait_send(left) : p.buffer->wait_recv(left);
+    p.source = p.peer;
+    ok = p.is_send ? p.buffer->wait_send(left) : p.buffer->wait_recv(left, &p.source);
   } catch (...) {
     comm_.unwatch(&waiter);
     rethrow(p.peer, p.is_send);

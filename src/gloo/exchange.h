@@ -72,7 +72,12 @@ class Exchange {
   /// Returns a handle for wait().
   size_t post_send(int peer, const void* ptr, size_t bytes, uint64_t key, int channel);
   size_t post_recv(int peer, void* ptr, size_t bytes, uint64_t key, int channel);
+  /// A receive from whichever of `peers` sends first; source() names it once waited for.
+  size_t post_recv_any(const std::vector<int>& peers, void* ptr, size_t bytes, uint64_t key,
+                       int channel);
   void wait(size_t handle);
+  /// The rank a waited-for receive came from.
+  int source(size_t handle) const;
   /// Waits for every posted message not yet waited for.
   void wait_all();
 

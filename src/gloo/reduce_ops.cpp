@@ -46,6 +46,12 @@ void check_gloo_dtype(at::ScalarType dtype, const std::string& op, int rank) {
 }
 
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const std::string& what, int rank) {
+  // Note [PREMUL_SUM without NCCL]: the front end scales the input and sends SUM.
+  TDIST_CHECK_ARG(op != ReduceOp::PREMUL_SUM,
+                  "rank " + std::to_string(rank) + ": gloo " + what +
+                      " got ReduceOp PREMUL_SUM, which the engine does not apply itself; call "
+                      "tdist::" +
+                      what + ", which multiplies by the factor and sums");
   bool bitwise = op == ReduceOp::BAND || op == ReduceOp::BOR || op == ReduceOp::BXOR;
   TDIST_CHECK_ARG(!(bitwise && is_floating(dtype)),
                   "rank " + std::to_string(rank) + ": gloo " + what + " with ReduceOp " +
@@ -110,6 +116,10 @@ ReduceFn make_reduce_fn(ReduceOp op, at::ScalarType dtype) {
         at::bitwise_xor_out(d, a, b);
       };
       break;
+    case ReduceOp::PREMUL_SUM:
+      TDIST_THROW(InvalidArgument,
+                  "gloo: ReduceOp PREMUL_SUM has no combiner (check_reduce_op "
+                  "refuses it)");
   }
   return [out, dtype](void* dst, const void* a, const void* b, size_t numel) {
     if (numel == 0) return;

@@ -23,7 +23,8 @@ using ReduceFn = std::function<void(void* dst, const void* a, const void* b, siz
 bool gloo_supports_dtype(at::ScalarType dtype);
 /// Throws InvalidArgument naming the op unless `dtype` is carried.
 void check_gloo_dtype(at::ScalarType dtype, const std::string& op, int rank);
-/// Throws InvalidArgument for bitwise ops on floating point, AVG on bool.
+/// Throws InvalidArgument for bitwise ops on floating point, AVG on bool, and PREMUL_SUM (which
+/// the front end turns into SUM, Note [PREMUL_SUM without NCCL]).
 void check_reduce_op(ReduceOp op, at::ScalarType dtype, const std::string& what, int rank);
 
 /// The dtype a reduction runs in (float32 for float16/bfloat16).

@@ -39,7 +39,7 @@ FinishFn average_over(ReduceOp op, at::ScalarType dtype, int world_size) {
 bool shm_all_reduce(Exchange& ex, ShmArena& arena, at::Tensor& t, ReduceOp op) {
   const auto acc = accumulation_dtype(t.scalar_type());
   at::Tensor work = staged(t, acc);
-  GlooSameHostChannel channel(ex, arena, header_for(t, t.numel(), static_cast<int>(op)));
+  GlooSameHostChannel channel(ex, arena, header_for(t, t.numel(), op.code()));
   if (!ran(SameHostOp::all_reduce(channel, span_of(work), make_reduce_fn(op, acc),
                                   average_over(op, acc, ex.size())))) {
     return false;
@@ -69,7 +69,7 @@ bool shm_reduce_scatter(Exchange& ex, ShmArena& arena, at::Tensor& out, const at
   const auto acc = accumulation_dtype(out.scalar_type());
   at::Tensor input = staged(in, acc);
   at::Tensor work = staged_output(out, acc);
-  GlooSameHostChannel channel(ex, arena, header_for(out, out.numel(), static_cast<int>(op)));
+  GlooSameHostChannel channel(ex, arena, header_for(out, out.numel(), op.code()));
   if (!ran(SameHostOp::reduce_scatter(channel, span_of(input), span_of(work),
                                       make_reduce_fn(op, acc), average_over(op, acc, ex.size())))) {
     return false;

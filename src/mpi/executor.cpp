@@ -163,7 +163,7 @@ void Executor::poll_pending() {
       if (!p.op.requests.empty()) {
         int flag = 0;
         check_mpi(MPI_Testall(static_cast<int>(p.op.requests.size()), p.op.requests.data(), &flag,
-                              MPI_STATUSES_IGNORE),
+                              p.op.statuses ? p.op.statuses->data() : MPI_STATUSES_IGNORE),
                   p.task.description);
         done = flag != 0;
       }

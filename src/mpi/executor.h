@@ -24,6 +24,9 @@ namespace tdist::mpi::detail {
 /// all complete (copy results back, divide for AVG, ...). All run on the executor thread.
 struct StartedOp {
   std::vector<MPI_Request> requests;
+  /// When set (sized as `requests`), receives the requests' statuses as they complete (a
+  /// receive from MPI_ANY_SOURCE learns its sender there).
+  std::shared_ptr<std::vector<MPI_Status>> statuses;
   std::function<void()> on_complete;
   /// A further stage, started (on the executor thread) after on_complete; the op's Work
   /// completes with its last stage (see Note [Direct collectives]).

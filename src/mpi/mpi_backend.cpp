@@ -722,4 +722,33 @@ WorkPtr MPIBackend::recv(at::Tensor& tensor, int src, const SendRecvOptions& opt
   });
 }
 
+WorkPtr MPIBackend::recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts) {
+  check_not_broken("recv");
+  TDIST_CHECK_ARG(size_ > 1, "mpi: rank " + std::to_string(rank_) +
+                                 ": a receive from any source in a group of one rank would "
+                                 "wait forever");
+  Staged staged = stage(tensor, false);
+  int count = checked_count(staged.buffer.numel(), "recv");
+  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  MPI_Comm comm = comm_->comm;
+  const int tag = opts.tag_id;
+  auto source = std::make_shared<int>(-1);
+  WorkPtr work = submit(this, "recv (any source)", {tensor}, deadline_for(opts), nullptr, [=] {
+    StartedOp s;
+    s.requests.resize(1);
+    s.statuses = std::make_shared<std::vector<MPI_Status>>(1);
+    check_mpi(
+        MPI_Irecv(staged.buffer.data_ptr(), count, type, MPI_ANY_SOURCE, tag, comm, &s.requests[0]),
+        "MPI_Irecv(MPI_ANY_SOURCE)");
+    s.on_complete = [staged, statuses = s.statuses, source] {
+      *source = (*statuses)[0].MPI_SOURCE;
+      staged.copy_back();
+    };
+    return s;
+  });
+  // Runs before waiters wake (Work::then), so source_rank() is set once wait() returns.
+  work->then([source](Work& w) { w.set_source_rank(*source); });
+  return work;
+}
+
 }  // namespace tdist::mpi

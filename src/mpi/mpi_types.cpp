@@ -62,6 +62,11 @@ MPI_Op mpi_op(ReduceOp op, at::ScalarType dtype) {
       if (boolean)
         return op == ReduceOp::BAND ? MPI_LAND : op == ReduceOp::BOR ? MPI_LOR : MPI_LXOR;
       return op == ReduceOp::BAND ? MPI_BAND : op == ReduceOp::BOR ? MPI_BOR : MPI_BXOR;
+    case ReduceOp::PREMUL_SUM:
+      // Note [PREMUL_SUM without NCCL]: the front end scales the input and sends SUM.
+      TDIST_THROW(InvalidArgument,
+                  "mpi: ReduceOp PREMUL_SUM is not applied by the backend itself; call "
+                  "tdist::all_reduce/reduce/reduce_scatter, which multiply by the factor and sum");
   }
   TDIST_THROW(InvalidArgument, "mpi: unknown ReduceOp");
 }

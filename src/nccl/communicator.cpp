@@ -77,6 +77,72 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int s
   return out;
 }
 
+std::unique_ptr<Communicator> Communicator::finish_derived(const Communicator& parent,
+                                                           ncclResult_t result, ncclComm_t comm,
+                                                           const std::string& what,
+                                                           std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (result == ncclInProgress && Clock::now() < deadline) {
+    std::this_thread::yield();
+    ncclCommGetAsyncError(comm != nullptr ? comm : parent.comm_, &result);
+  }
+  if (result == ncclSuccess) {
+    if (comm == nullptr) return nullptr;
+    return std::unique_ptr<Communicator>(new Communicator(comm, parent.device_));
+  }
+  if (comm != nullptr) ncclCommAbort(comm);
+  if (result == ncclInProgress) {
+    TDIST_THROW(TimeoutError, "nccl: " + what + " on cuda:" + std::to_string(parent.device_) +
+                                  " did not complete within " + ms_text(timeout) +
+                                  "; every rank taking part must call it");
+  }
+  TDIST_THROW(DistBackendError, "nccl: " + what + " failed: " + nccl_error_text(result));
+}
+
+std::unique_ptr<Communicator> Communicator::split(const Communicator& parent, int color, int key,
+                                                  std::chrono::milliseconds timeout) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(parent.device_));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const Lease lease = parent.lease();
+  const ncclResult_t r =
+      ncclCommSplit(parent.comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+  return finish_derived(parent, r, comm, "ncclCommSplit", timeout);
+#else
+  (void)parent, (void)color, (void)key, (void)timeout;
+  TDIST_THROW(InvalidArgument, "nccl: split_group needs ncclCommSplit (NCCL 2.18 or newer)");
+#endif
+}
+
+bool Communicator::can_shrink() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> Communicator::shrink(const Communicator& parent,
+                                                   std::vector<int> excluded, int flags,
+                                                   std::chrono::milliseconds timeout) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(parent.device_));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const Lease lease = parent.lease();
+  const ncclResult_t r =
+      ncclCommShrink(parent.comm_, excluded.data(), static_cast<int>(excluded.size()), &comm,
+                     &config, flags == 0 ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
+  return finish_derived(parent, r, comm, "ncclCommShrink", timeout);
+#else
+  (void)parent, (void)excluded, (void)flags, (void)timeout;
+  TDIST_THROW(InvalidArgument, "nccl: shrink_group needs ncclCommShrink (NCCL 2.27 or newer)");
+#endif
+}
+
 Communicator::Lease Communicator::lease() const {
   Lease lease(mutex_);
   if (aborted_.load()) {

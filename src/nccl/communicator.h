@@ -16,6 +16,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "tdist/store/store.h"
 
@@ -30,6 +31,17 @@ class Communicator {
   /// aborts and throws TimeoutError naming the ranks' likely problem.
   static std::unique_ptr<Communicator> create(Store& store, int rank, int size, int device,
                                               std::chrono::milliseconds timeout);
+  /// ncclCommSplit of `parent`, collective over all of its ranks: this rank's communicator
+  /// in the group of `color` at position `key`, or null for a rank in none (color < 0).
+  /// Throws InvalidArgument when this NCCL has no split (before 2.18).
+  static std::unique_ptr<Communicator> split(const Communicator& parent, int color, int key,
+                                             std::chrono::milliseconds timeout);
+  /// ncclCommShrink of `parent` without its ranks `excluded`, collective over the others.
+  /// Throws InvalidArgument when this NCCL has no shrink (before 2.27).
+  static std::unique_ptr<Communicator> shrink(const Communicator& parent, std::vector<int> excluded,
+                                              int flags, std::chrono::milliseconds timeout);
+  /// Whether this build's NCCL has ncclCommShrink.
+  static bool can_shrink();
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -58,6 +70,12 @@ class Communicator {
 
  private:
   Communicator(ncclComm_t comm, int device) : comm_(comm), device_(device) {}
+  /// Waits out a split or shrink that made `comm` (null for a rank left out: then the
+  /// parent's progress is polled); aborts and throws past `timeout`.
+  static std::unique_ptr<Communicator> finish_derived(const Communicator& parent,
+                                                      ncclResult_t result, ncclComm_t comm,
+                                                      const std::string& what,
+                                                      std::chrono::milliseconds timeout);
   ncclComm_t comm_;
   int device_;
   mutable std::shared_mutex mutex_;

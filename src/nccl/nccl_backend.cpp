@@ -12,6 +12,7 @@
 
 #include "tdist/nccl/nccl_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -27,6 +28,7 @@
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
 #include "nccl/nccl_work.h"
+#include "nccl/reduction.h"
 #include "nccl/watchdog.h"
 #include "tdist/comm/backend.h"
 #include "tdist/error.h"
@@ -40,6 +42,13 @@ using detail::Communicator;
 using detail::nccl_dtype;
 using detail::nccl_reduce_op;
 using detail::NCCLWork;
+using detail::Reduction;
+
+/// `tensors` followed by `more`.
+std::vector<at::Tensor> with(std::vector<at::Tensor> tensors, const std::vector<at::Tensor>& more) {
+  tensors.insert(tensors.end(), more.begin(), more.end());
+  return tensors;
+}
 
 /// One NCCL call (or group of calls) issued inside a collective, on `stream`.
 using Body = std::function<void(cudaStream_t stream, Clock::time_point deadline)>;
@@ -55,12 +64,18 @@ class NCCLBackend : public CollectiveBackend {
  public:
   NCCLBackend(const StorePtr& store, int rank, int size, std::chrono::milliseconds timeout,
               int device, const NCCLBackendOptions& options)
+      : NCCLBackend(rank, size, timeout, device, options,
+                    Communicator::create(*store, rank, size, device, timeout)) {}
+
+  /// A backend on a communicator split or shrunk from another (split_group, shrink_group).
+  NCCLBackend(int rank, int size, std::chrono::milliseconds timeout, int device,
+              const NCCLBackendOptions& options, std::unique_ptr<Communicator> comm)
       : CollectiveBackend(rank, size),
         device_(c10::kCUDA, static_cast<c10::DeviceIndex>(device)),
         timeout_(timeout),
         options_(options),
         stream_(bind_device_and_get_stream(device, options.high_priority_stream())),
-        comm_(Communicator::create(*store, rank, size, device, timeout)),
+        comm_(std::move(comm)),
         watchdog_(std::make_unique<detail::Watchdog>(
             *comm_, who(), options.watchdog_interval(),
             [this](const std::string& reason, bool timed_out) { on_fatal(reason, timed_out); })) {}
@@ -81,38 +96,70 @@ class NCCLBackend : public CollectiveBackend {
     });
   }
 
+  bool supports_premul_sum() const override { return true; }
+
+  bool supports_splitting() const override { return true; }
+  CollectiveBackendPtr split(const std::vector<int>& ranks, int color,
+                             std::chrono::milliseconds timeout,
+                             const std::any& pg_options) override {
+    const NCCLBackendOptions options = options_or_parents(pg_options, "split_group");
+    const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    const int key = static_cast<int>(it - ranks.begin());
+    auto comm = Communicator::split(*comm_, ranks.empty() ? -1 : color, key, timeout);
+    if (!comm) return nullptr;
+    return std::make_shared<NCCLBackend>(key, static_cast<int>(ranks.size()), timeout,
+                                         device_.index(), options, std::move(comm));
+  }
+
+  bool supports_shrinking() const override { return Communicator::can_shrink(); }
+  CollectiveBackendPtr shrink(const std::vector<int>& excluded, int flags,
+                              std::chrono::milliseconds timeout,
+                              const std::any& pg_options) override {
+    const NCCLBackendOptions options = options_or_parents(pg_options, "shrink_group");
+    const int below = static_cast<int>(
+        std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
+    auto comm = Communicator::shrink(*comm_, excluded, flags, timeout);
+    return std::make_shared<NCCLBackend>(rank_ - below, size_ - static_cast<int>(excluded.size()),
+                                         timeout, device_.index(), options, std::move(comm));
+  }
+
   WorkPtr all_reduce(at::Tensor& tensor, const AllreduceOptions& opts) override {
-    const ncclRedOp_t op = nccl_reduce_op(opts.op, tensor.scalar_type());
-    return run("all_reduce", opts, {tensor}, {tensor}, [&](cudaStream_t s, Clock::time_point d) {
-      check(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
-                          nccl_dtype(tensor.scalar_type()), op, comm(), s),
-            "all_reduce", d);
-    });
+    const Reduction reduction(opts.op, tensor);
+    return run("all_reduce", opts, with({tensor}, reduction.tensors()), {tensor},
+               [&](cudaStream_t s, Clock::time_point d) {
+                 const Reduction::Scoped op(reduction, comm());
+                 check(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                                     nccl_dtype(tensor.scalar_type()), op.get(), comm(), s),
+                       "all_reduce", d);
+               });
   }
 
   WorkPtr all_reduce_coalesced(std::vector<at::Tensor>& tensors,
                                const AllreduceOptions& opts) override {
-    for (const auto& t : tensors) nccl_reduce_op(opts.op, t.scalar_type());  // validate first
-    return run(
-        "all_reduce_coalesced", opts, tensors, tensors, [&](cudaStream_t s, Clock::time_point d) {
-          group(d, [&] {
-            for (auto& t : tensors) {
-              check(
-                  ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_dtype(t.scalar_type()),
-                                nccl_reduce_op(opts.op, t.scalar_type()), comm(), s),
-                  "all_reduce_coalesced", d);
-            }
-          });
-        });
+    // One dtype for the list (the front end checks it), so one reduction serves every tensor.
+    const Reduction reduction(opts.op, tensors.at(0));
+    return run("all_reduce_coalesced", opts, with(tensors, reduction.tensors()), tensors,
+               [&](cudaStream_t s, Clock::time_point d) {
+                 const Reduction::Scoped op(reduction, comm());
+                 group(d, [&] {
+                   for (auto& t : tensors) {
+                     check(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(),
+                                         nccl_dtype(t.scalar_type()), op.get(), comm(), s),
+                           "all_reduce_coalesced", d);
+                   }
+                 });
+               });
   }
 
   WorkPtr reduce(at::Tensor& tensor, const ReduceOptions& opts) override {
-    const ncclRedOp_t op = nccl_reduce_op(opts.op, tensor.scalar_type());
-    return run("reduce", opts, {tensor}, {tensor}, [&](cudaStream_t s, Clock::time_point d) {
-      check(ncclReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
-                       nccl_dtype(tensor.scalar_type()), op, opts.root, comm(), s),
-            "reduce", d);
-    });
+    const Reduction reduction(opts.op, tensor);
+    return run("reduce", opts, with({tensor}, reduction.tensors()), {tensor},
+               [&](cudaStream_t s, Clock::time_point d) {
+                 const Reduction::Scoped op(reduction, comm());
+                 check(ncclReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                                  nccl_dtype(tensor.scalar_type()), op.get(), opts.root, comm(), s),
+                       "reduce", d);
+               });
   }
 
   WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
@@ -179,26 +226,29 @@ class NCCLBackend : public CollectiveBackend {
 
   WorkPtr reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
                                 const ReduceScatterOptions& opts) override {
-    const ncclRedOp_t op = nccl_reduce_op(opts.op, input.scalar_type());
-    return run("reduce_scatter_tensor", opts, {input}, {output},
+    const Reduction reduction(opts.op, input);
+    return run("reduce_scatter_tensor", opts, with({input}, reduction.tensors()), {output},
                [&](cudaStream_t s, Clock::time_point d) {
+                 const Reduction::Scoped op(reduction, comm());
                  check(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                                         nccl_dtype(input.scalar_type()), op, comm(), s),
+                                         nccl_dtype(input.scalar_type()), op.get(), comm(), s),
                        "reduce_scatter_tensor", d);
                });
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const std::vector<at::Tensor>& inputs,
                          const ReduceScatterOptions& opts) override {
-    const ncclRedOp_t op = nccl_reduce_op(opts.op, output.scalar_type());
-    return run("reduce_scatter", opts, inputs, {output}, [&](cudaStream_t s, Clock::time_point d) {
-      std::vector<at::Tensor> flat_inputs;
-      for (const auto& t : inputs) flat_inputs.push_back(t.reshape({-1}));
-      at::Tensor flat = at::cat(flat_inputs);
-      check(ncclReduceScatter(flat.data_ptr(), output.data_ptr(), output.numel(),
-                              nccl_dtype(output.scalar_type()), op, comm(), s),
-            "reduce_scatter", d);
-    });
+    const Reduction reduction(opts.op, output);
+    return run("reduce_scatter", opts, with(inputs, reduction.tensors()), {output},
+               [&](cudaStream_t s, Clock::time_point d) {
+                 std::vector<at::Tensor> flat_inputs;
+                 for (const auto& t : inputs) flat_inputs.push_back(t.reshape({-1}));
+                 at::Tensor flat = at::cat(flat_inputs);
+                 const Reduction::Scoped op(reduction, comm());
+                 check(ncclReduceScatter(flat.data_ptr(), output.data_ptr(), output.numel(),
+                                         nccl_dtype(output.scalar_type()), op.get(), comm(), s),
+                       "reduce_scatter", d);
+               });
   }
 
   WorkPtr all_to_all_single(at::Tensor& output, const at::Tensor& input,
@@ -289,6 +339,14 @@ class NCCLBackend : public CollectiveBackend {
     });
   }
 
+  // NCCL receives only from a named peer, and so does c10d's NCCL backend.
+  WorkPtr recv_anysource(at::Tensor&, const SendRecvOptions&) override {
+    TDIST_THROW(InvalidArgument, who() +
+                                     ": nccl cannot receive from any source (NCCL receives only "
+                                     "from a named peer; PyTorch's NCCL backend refuses it too); "
+                                     "give src or group_src, or receive on a gloo group");
+  }
+
   WorkPtr batch_send_recv(std::vector<PointToPoint>& ops, const CollectiveOptions& opts) override {
     std::vector<at::Tensor> sent, received;
     for (const auto& op : ops) (op.is_send ? sent : received).push_back(op.tensor);
@@ -310,6 +368,14 @@ class NCCLBackend : public CollectiveBackend {
     return "rank " + std::to_string(rank_) + " (cuda:" + std::to_string(device_.index()) + ")";
   }
   ncclComm_t comm() const { return comm_->get(); }
+
+  NCCLBackendOptions options_or_parents(const std::any& pg_options, const char* op) const {
+    if (!pg_options.has_value()) return options_;
+    if (const auto* options = std::any_cast<NCCLBackendOptions>(&pg_options)) return *options;
+    TDIST_THROW(InvalidArgument, who() + ": " + op +
+                                     ": nccl's pg_options are a tdist::nccl::NCCLBackendOptions "
+                                     "(got another type)");
+  }
 
   void check(ncclResult_t result, const char* what, Clock::time_point deadline) {
     comm_->check(result, what, deadline);

@@ -54,6 +54,10 @@ ncclRedOp_t nccl_reduce_op(ReduceOp op, c10::ScalarType type) {
     case ReduceOp::BOR:
     case ReduceOp::BXOR:
       break;
+    case ReduceOp::PREMUL_SUM:
+      TDIST_THROW(InvalidArgument,
+                  "nccl: ReduceOp.PREMUL_SUM is made per call with its factor "
+                  "(nccl::detail::Reduction), not mapped to a built-in op");
   }
   TDIST_THROW(InvalidArgument, "nccl: ReduceOp." + to_string(op) +
                                    " is not supported by NCCL; reduce these tensors on CPU "

@@ -19,6 +19,7 @@ ncclDataType_t nccl_dtype(c10::ScalarType type);
 /// NCCL's reduction for `op` on `type`, as c10d maps them: AVG is NCCL's native ncclAvg
 /// (floating types only), a bool SUM is a logical or (ncclMax) and a bool PRODUCT a logical
 /// and (ncclMin); BAND/BOR/BXOR, which NCCL lacks, throw InvalidArgument naming gloo.
+/// PREMUL_SUM is no built-in op: Reduction (nccl/reduction.h) makes it per call.
 ncclRedOp_t nccl_reduce_op(ReduceOp op, c10::ScalarType type);
 
 /// "NCCL error 'unhandled cuda error' (1): <last error>" for messages.

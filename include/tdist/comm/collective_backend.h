@@ -5,6 +5,7 @@
 // "backend X does not support Y", so an engine overrides only what it has.
 // Ranks and roots here are ranks *within this backend's group*.
 
+#include <any>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -18,6 +19,9 @@
 #include "tdist/comm/work.h"
 
 namespace tdist {
+
+class CollectiveBackend;
+using CollectiveBackendPtr = std::shared_ptr<CollectiveBackend>;
 
 class CollectiveBackend {
  public:
@@ -68,6 +72,9 @@ class CollectiveBackend {
   virtual WorkPtr barrier(const BarrierOptions& opts);
   virtual WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts);
   virtual WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts);
+  /// A receive from whichever rank sends first (c10d's recvAnysource): the Work's
+  /// source_rank() names the sender once it has completed.
+  virtual WorkPtr recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts);
   /// Several sends and receives issued together (torch.distributed.batch_isend_irecv);
   /// NCCL runs them as one group call. Default: each through send()/recv(), one Work that
   /// completes when all have.
@@ -77,6 +84,30 @@ class CollectiveBackend {
   /// does not take (CUDA tensors on gloo, say) are staged through pinned host memory by the
   /// process group (Note [Staging device tensors through the host]).
   virtual bool takes_device_tensors(c10::DeviceType type) const { return type == c10::kCPU; }
+
+  /// Whether all_reduce, reduce and reduce_scatter take ReduceOp PREMUL_SUM themselves
+  /// (NCCL); for the others the process group scales the input and sends SUM (Note
+  /// [PREMUL_SUM without NCCL]).
+  virtual bool supports_premul_sum() const { return false; }
+
+  /// Whether split() makes a split group's backend from this one (NCCL's ncclCommSplit);
+  /// otherwise split_group creates a fresh backend among the new group's ranks.
+  virtual bool supports_splitting() const { return false; }
+  /// Collective over every rank of this backend's group: this rank joins the new group of
+  /// `ranks` (ranks of this group, sorted), or none when `ranks` is empty (then it returns
+  /// null). `color` is the same on every rank of one new group and differs between groups.
+  /// `pg_options` is the backend's own options type, or empty for the parent's.
+  virtual CollectiveBackendPtr split(const std::vector<int>& ranks, int color,
+                                     std::chrono::milliseconds timeout, const std::any& pg_options);
+  /// Whether shrink() makes a shrunk group's backend from this one (NCCL's ncclCommShrink);
+  /// otherwise shrink_group creates a fresh backend among the remaining ranks.
+  virtual bool supports_shrinking() const { return false; }
+  /// Collective over the ranks of this group not in `excluded` (sorted ranks of this group,
+  /// which take no part): a backend of the remaining ranks, renumbered in order. `flags` as
+  /// shrink_group's.
+  virtual CollectiveBackendPtr shrink(const std::vector<int>& excluded, int flags,
+                                      std::chrono::milliseconds timeout,
+                                      const std::any& pg_options);
 
   /// Marks the backend unusable after a fatal error (dead peer, timeout): every later call
   /// fails at once with `reason` instead of computing on corrupt state.
@@ -96,7 +127,5 @@ class CollectiveBackend {
   mutable std::mutex broken_mutex_;
   std::string broken_reason_;
 };
-
-using CollectiveBackendPtr = std::shared_ptr<CollectiveBackend>;
 
 }  // namespace tdist

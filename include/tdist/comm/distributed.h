@@ -1,8 +1,10 @@
 #pragma once
 
 // The torch.distributed surface: initialisation, groups and every collective.
-// Ranks given as src/dst are *global* ranks, as in torch.distributed; a null group means
-// the default (world) group. Every collective returns its Work: with async_op=false it has
+// Ranks given as src/dst are *global* ranks, as in torch.distributed; the group_src/group_dst
+// forms take a rank of `group` instead. Exactly one of the two may be given (both, or
+// neither where there is no default, is InvalidArgument naming both). A null group means the
+// default (world) group. Every collective returns its Work: with async_op=false it has
 // already completed (and thrown on error) when the call returns.
 
 #include <chrono>
@@ -109,27 +111,47 @@ int get_world_size(const ProcessGroupPtr& group = nullptr);
 int get_group_rank(const ProcessGroupPtr& group, int global_rank);
 int get_global_rank(const ProcessGroupPtr& group, int group_rank);
 std::string get_backend(const ProcessGroupPtr& group = nullptr);
+/// The group's backend per device type, as torch.distributed.get_backend_config:
+/// "cpu:gloo,cuda:gloo" for a group made with "gloo", "cpu:gloo,cuda:nccl", "cuda:nccl"
+/// (device types in alphabetical order). Throws InvalidArgument on a non-member.
+std::string get_backend_config(const ProcessGroupPtr& group = nullptr);
 
 // ---- collectives ------------------------------------------------------------------------
 
-WorkPtr broadcast(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr,
-                  bool async_op = false);
+/// The tensor of global rank `src` (or group rank `group_src`) on every member.
+WorkPtr broadcast(const at::Tensor& tensor, std::optional<int> src = std::nullopt,
+                  const ProcessGroupPtr& group = nullptr, bool async_op = false,
+                  std::optional<int> group_src = std::nullopt);
 WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::SUM,
                    const ProcessGroupPtr& group = nullptr, bool async_op = false);
 WorkPtr all_reduce_coalesced(const std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::SUM,
                              const ProcessGroupPtr& group = nullptr, bool async_op = false);
-WorkPtr reduce(const at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM,
-               const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// The reduction lands on global rank `dst` (or group rank `group_dst`); the other ranks'
+/// tensors keep their values.
+WorkPtr reduce(const at::Tensor& tensor, std::optional<int> dst = std::nullopt,
+               ReduceOp op = ReduceOp::SUM, const ProcessGroupPtr& group = nullptr,
+               bool async_op = false, std::optional<int> group_dst = std::nullopt);
 WorkPtr all_gather(std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
                    const ProcessGroupPtr& group = nullptr, bool async_op = false);
 WorkPtr all_gather_into_tensor(const at::Tensor& output_tensor, const at::Tensor& input_tensor,
                                const ProcessGroupPtr& group = nullptr, bool async_op = false);
-/// gather_list is used on dst only (may be empty elsewhere).
-WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list = {}, int dst = 0,
-               const ProcessGroupPtr& group = nullptr, bool async_op = false);
-/// scatter_list is used on src only (may be empty elsewhere).
-WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list = {}, int src = 0,
-                const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// As torch.distributed.all_gather_coalesced: output_tensor_lists[r][i] receives group rank
+/// r's input_tensor_list[i], for every i, in one collective. Every member passes inputs of
+/// the same count, sizes and dtype (one dtype and device for all); every output list matches
+/// the input list.
+WorkPtr all_gather_coalesced(std::vector<std::vector<at::Tensor>>& output_tensor_lists,
+                             const std::vector<at::Tensor>& input_tensor_list,
+                             const ProcessGroupPtr& group = nullptr, bool async_op = false);
+/// gather_list is used on the destination only (must be empty elsewhere). Neither dst nor
+/// group_dst: global rank 0, as torch.distributed.
+WorkPtr gather(const at::Tensor& tensor, std::vector<at::Tensor> gather_list = {},
+               std::optional<int> dst = std::nullopt, const ProcessGroupPtr& group = nullptr,
+               bool async_op = false, std::optional<int> group_dst = std::nullopt);
+/// scatter_list is used on the source only (must be empty elsewhere). Neither src nor
+/// group_src: global rank 0, as torch.distributed.
+WorkPtr scatter(const at::Tensor& tensor, std::vector<at::Tensor> scatter_list = {},
+                std::optional<int> src = std::nullopt, const ProcessGroupPtr& group = nullptr,
+                bool async_op = false, std::optional<int> group_src = std::nullopt);
 WorkPtr reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list,
                        ReduceOp op = ReduceOp::SUM, const ProcessGroupPtr& group = nullptr,
                        bool async_op = false);
@@ -150,22 +172,37 @@ void monitored_barrier(const ProcessGroupPtr& group = nullptr,
                        std::chrono::milliseconds timeout = kUseGroupTimeout,
                        bool wait_all_ranks = false);
 
-void send(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = nullptr, int tag = 0);
-/// Returns the sender's global rank.
-int recv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr, int tag = 0);
-WorkPtr isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = nullptr,
-              int tag = 0);
-WorkPtr irecv(const at::Tensor& tensor, int src, const ProcessGroupPtr& group = nullptr,
-              int tag = 0);
+/// To global rank `dst` (or group rank `group_dst`), not this rank itself.
+void send(const at::Tensor& tensor, std::optional<int> dst = std::nullopt,
+          const ProcessGroupPtr& group = nullptr, int tag = 0,
+          std::optional<int> group_dst = std::nullopt);
+/// From global rank `src` (or group rank `group_src`), or, with neither, from whichever rank
+/// of the group sends first with this tag (gloo and mpi; nccl refuses, as PyTorch's).
+/// Returns the sender's global rank; -1 on a rank outside the group.
+int recv(const at::Tensor& tensor, std::optional<int> src = std::nullopt,
+         const ProcessGroupPtr& group = nullptr, int tag = 0,
+         std::optional<int> group_src = std::nullopt);
+WorkPtr isend(const at::Tensor& tensor, std::optional<int> dst = std::nullopt,
+              const ProcessGroupPtr& group = nullptr, int tag = 0,
+              std::optional<int> group_dst = std::nullopt);
+/// As recv, asynchronous; from any source, the Work's source_rank() names the sender's group
+/// rank once it has completed.
+WorkPtr irecv(const at::Tensor& tensor, std::optional<int> src = std::nullopt,
+              const ProcessGroupPtr& group = nullptr, int tag = 0,
+              std::optional<int> group_src = std::nullopt);
 
 /// One send or receive of batch_isend_irecv, as torch.distributed.P2POp: `op` is isend or
-/// irecv, `peer` a global rank.
+/// irecv; the peer is a global rank (`peer`) or a rank of the group (`group_peer`), exactly
+/// one of them. The constructor resolves a null group to the world and keeps both forms.
 struct P2POp {
-  using Function = WorkPtr (*)(const at::Tensor&, int, const ProcessGroupPtr&, int);
-  P2POp(Function op, at::Tensor tensor, int peer, ProcessGroupPtr group = nullptr, int tag = 0);
+  using Function = WorkPtr (*)(const at::Tensor&, std::optional<int>, const ProcessGroupPtr&, int,
+                               std::optional<int>);
+  P2POp(Function op, at::Tensor tensor, std::optional<int> peer = std::nullopt,
+        ProcessGroupPtr group = nullptr, int tag = 0, std::optional<int> group_peer = std::nullopt);
   Function op;
   at::Tensor tensor;
-  int peer;
+  int peer = -1;        // global rank
+  int group_peer = -1;  // rank in `group`
   ProcessGroupPtr group;
   int tag;
 };

@@ -29,6 +29,9 @@ enum class CollectiveState { kIssued, kCompleted, kFailed, kTimedOut };
 
 const char* to_string(CollectiveState state);
 
+/// CollectiveRecord::peer of a receive from any source.
+constexpr int kAnyPeer = -2;
+
 /// One recorded collective (or point-to-point op).
 struct CollectiveRecord {
   uint64_t id = 0;               ///< process-wide record number, from 1
@@ -37,7 +40,7 @@ struct CollectiveRecord {
   int rank = -1;                 ///< this process's global rank
   uint64_t seq = 0;              ///< the group's collective sequence number
   std::string op;                ///< "all_reduce", "send", ...
-  int peer = -1;                 ///< send/recv: the peer's global rank; -1 otherwise
+  int peer = -1;  ///< send/recv: the peer's global rank (kAnyPeer: from any); -1 otherwise
   std::vector<std::vector<int64_t>> shapes;
   std::vector<std::string> dtypes;
   std::string label;  ///< innermost CollectiveLabelScope at issue time ("" if none)

@@ -24,6 +24,10 @@ class ProcessGroup {
                std::chrono::milliseconds timeout);
 
   const std::string& name() const { return name_; }
+  /// What the group is for, as c10d's group_desc: "default_pg" for the world, "undefined"
+  /// for new_group's, "<parent's>:split:<n>" for split_group's unless given.
+  const std::string& group_desc() const { return group_desc_; }
+  void set_group_desc(std::string desc) { group_desc_ = std::move(desc); }
   /// This process's rank in the group; -1 for a non-member.
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(global_ranks_.size()); }
@@ -58,6 +62,9 @@ class ProcessGroup {
   uint64_t sequence_number() const { return sequence_number_; }
   /// Counter of store-based operations (monitored_barrier), the same on every member.
   uint64_t next_store_op_id() { return ++store_op_id_; }
+  /// Counter of split_group calls on this group (every member calls each), for the new
+  /// groups' names and descriptions.
+  int next_split_id() { return ++split_count_; }
 
   /// TDIST_DEBUG=DETAIL: check op, shapes and dtypes across ranks before each collective.
   bool debug_detail() const { return debug_detail_; }
@@ -65,6 +72,7 @@ class ProcessGroup {
 
  private:
   std::string name_;
+  std::string group_desc_;
   StorePtr store_;
   int rank_;
   std::vector<int> global_ranks_;
@@ -72,6 +80,7 @@ class ProcessGroup {
   std::map<std::string, std::pair<std::string, CollectiveBackendPtr>> backends_;
   uint64_t sequence_number_ = 0;
   uint64_t store_op_id_ = 0;
+  int split_count_ = 0;
   bool debug_detail_ = false;
   bool destroyed_ = false;
 };

@@ -33,6 +33,11 @@ class Work {
   /// The tensors the collective wrote (empty for barrier).
   const std::vector<at::Tensor>& result() const { return outputs_; }
   const std::string& op_name() const { return op_name_; }
+  /// The group rank a receive got its data from (c10d's Work::_source_rank): what a receive
+  /// from any source (irecv with neither src nor group_src) learns when it completes; a
+  /// receive from a named source knows it at once. -1 for every other op, and before a
+  /// receive from any source has completed.
+  int source_rank() const;
 
   /// Runs `callback` once the work completes (at once if it already has), on the completing
   /// thread. Used by DDP comm hooks and FSDP to chain work without blocking.
@@ -41,6 +46,7 @@ class Work {
   // Backend side.
   void finish();
   void finish_with_error(std::exception_ptr error);
+  void set_source_rank(int group_rank);
 
  protected:
   std::string op_name_;
@@ -48,6 +54,7 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool completed_ = false;
+  int source_rank_ = -1;
   std::exception_ptr error_;
   std::vector<std::function<void(Work&)>> callbacks_;
 };

@@ -107,8 +107,11 @@ class GlooBackend : public CollectiveBackend {
   WorkPtr barrier(const BarrierOptions& opts) override;
   WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) override;
   WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) override;
+  WorkPtr recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts) override;
 
  private:
+  /// recv's body; src -1 receives from whichever peer sends first.
+  WorkPtr receive(at::Tensor& tensor, int src, const SendRecvOptions& opts);
   enum class Lane { kCollective, kSend, kRecv };
   /// Queues `body` on `lane`'s worker; the returned Work completes when it has run.
   WorkPtr enqueue(Lane lane, const std::string& op, std::vector<at::Tensor> outputs,

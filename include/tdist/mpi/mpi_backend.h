@@ -67,6 +67,8 @@ class MPIBackend : public CollectiveBackend {
   WorkPtr barrier(const BarrierOptions& opts) override;
   WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) override;
   WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) override;
+  /// MPI_Irecv from MPI_ANY_SOURCE; the status names the sender.
+  WorkPtr recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts) override;
 
  private:
   std::chrono::milliseconds deadline_for(const CollectiveOptions& opts) const;

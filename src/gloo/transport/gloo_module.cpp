@@ -45,13 +45,17 @@ class GlooBuffer final : public Buffer {
   void recv(int peer, uint64_t slot, size_t offset, size_t bytes) override {
     translated(TransportError::Kind::kIo, [&] { buffer_->recv(peer, slot, offset, bytes); });
   }
+  void recv_any(const std::vector<int>& peers, uint64_t slot, size_t offset,
+                size_t bytes) override {
+    translated(TransportError::Kind::kIo, [&] { buffer_->recv(peers, slot, offset, bytes); });
+  }
   bool wait_send(std::chrono::milliseconds timeout) override {
     return translated(TransportError::Kind::kIo,
                       [&] { return buffer_->waitSend(nullptr, timeout); });
   }
-  bool wait_recv(std::chrono::milliseconds timeout) override {
+  bool wait_recv(std::chrono::milliseconds timeout, int* source) override {
     return translated(TransportError::Kind::kIo,
-                      [&] { return buffer_->waitRecv(nullptr, timeout); });
+                      [&] { return buffer_->waitRecv(source, timeout); });
   }
   void abort_wait_send() override { buffer_->abortWaitSend(); }
   void abort_wait_recv() override { buffer_->abortWaitRecv(); }

@@ -24,7 +24,7 @@
 namespace tdist::detail::gloo_transport {
 
 /// Bumped whenever a declaration below changes; the module must report the same.
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 /// Every error the module raises. `kind` says where it came from, `what()` is Gloo's text.
 // Default visibility: the module throws it across the boundary, the engine catches it.
@@ -44,9 +44,13 @@ class Buffer {
   virtual ~Buffer() = default;
   virtual void send(int peer, uint64_t slot, size_t offset, size_t bytes) = 0;
   virtual void recv(int peer, uint64_t slot, size_t offset, size_t bytes) = 0;
+  /// A receive from whichever of `peers` sends on `slot` first (gloo's recv from a rank list).
+  virtual void recv_any(const std::vector<int>& peers, uint64_t slot, size_t offset,
+                        size_t bytes) = 0;
   /// False when aborted; throws TransportError on a failed connection or timeout.
   virtual bool wait_send(std::chrono::milliseconds timeout) = 0;
-  virtual bool wait_recv(std::chrono::milliseconds timeout) = 0;
+  /// `source` (if given) receives the sender's rank.
+  virtual bool wait_recv(std::chrono::milliseconds timeout, int* source = nullptr) = 0;
   virtual void abort_wait_send() = 0;
   virtual void abort_wait_recv() = 0;
 };
