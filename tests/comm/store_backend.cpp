@@ -80,6 +80,8 @@ at::Tensor StoreBackend::reduce_all(const std::vector<std::vector<uint8_t>>& all
       case ReduceOp::BXOR:
         acc = acc.bitwise_xor(t);
         break;
+      case ReduceOp::PREMUL_SUM:
+        TDIST_THROW(InvalidArgument, "storetest: PREMUL_SUM reaches backends scaled, as SUM");
     }
   }
   if (op == ReduceOp::AVG) acc = acc / size_;

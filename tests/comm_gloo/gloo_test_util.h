@@ -77,6 +77,9 @@ inline at::Tensor expected_reduce(int world, int64_t numel, at::ScalarType dtype
       case ReduceOp::BXOR:
         acc = torch::bitwise_xor(acc, x);
         break;
+      case ReduceOp::PREMUL_SUM:
+        ADD_FAILURE() << "expected_reduce has no PREMUL_SUM (it carries a factor)";
+        break;
     }
   }
   if (op == ReduceOp::AVG) acc = fp ? acc / world : torch::div(acc, world, "trunc");

@@ -68,6 +68,9 @@ inline at::Tensor reduce_locally(const std::vector<at::Tensor>& inputs, tdist::R
       case tdist::ReduceOp::BXOR:
         acc = acc.bitwise_xor(ti);
         break;
+      case tdist::ReduceOp::PREMUL_SUM:
+        ADD_FAILURE() << "reduce_locally has no PREMUL_SUM (it carries a factor)";
+        break;
     }
   }
   if (op == tdist::ReduceOp::AVG) acc_d = acc_d / static_cast<double>(inputs.size());

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "tdist/comm/distributed.h"
+#include "tdist/comm/split_group.h"
 #include "tdist/error.h"
 #include "tdist/store/hash_store.h"
 
@@ -190,6 +191,40 @@ TEST_F(NcclWorld1, AllToAllRefusesASelfBlockOfAnotherSize) {
     EXPECT_NE(std::string(e.what()).find("sends itself 1 elements"), std::string::npos) << e.what();
   }
   EXPECT_EQ(outputs[0].sum().item<float>(), 0.0f);  // nothing was written
+}
+
+// PREMUL_SUM in NCCL's kernels (ncclRedOpCreatePreMulSum), with a host scalar and a device
+// factor; all_gather_coalesced; split_group through ncclCommSplit; recv from any source refused.
+TEST_F(NcclWorld1, PremulSumSplitAndCoalescedGatherAtWorld1) {
+  EXPECT_EQ(get_backend_config(), "cpu:gloo,cuda:nccl");
+  for (const auto& op : {make_nccl_premul_sum(0.5), make_nccl_premul_sum(torch::full({1}, 0.5))}) {
+    for (auto type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+      at::Tensor t = torch::arange(1, 9, cuda(type));
+      all_reduce(t, op);
+      EXPECT_TRUE(torch::equal(t.cpu(), (torch::arange(1, 9, at::kDouble) * 0.5).to(type)))
+          << c10::toString(type);
+      at::Tensor out = torch::zeros({8}, cuda(type));
+      reduce_scatter_tensor(out, torch::full({8}, 4.0, cuda(type)), op);
+      EXPECT_TRUE(torch::equal(out.cpu(), torch::full({8}, 2.0, type)));
+    }
+  }
+  at::Tensor ints = torch::ones({2}, cuda(at::kInt));
+  EXPECT_THROW(all_reduce(ints, make_nccl_premul_sum(2.0)), InvalidArgument);
+  auto& nccl = group_world()->backend("cuda");
+  EXPECT_TRUE(nccl.supports_premul_sum());
+  EXPECT_THROW(nccl.recv_anysource(ints, {}), InvalidArgument);
+
+  std::vector<std::vector<at::Tensor>> outputs{
+      {torch::empty({2, 2}, cuda()), torch::empty({3}, cuda())}};
+  all_gather_coalesced(outputs, {torch::ones({2, 2}, cuda()), torch::full({3}, 2.0, cuda())});
+  EXPECT_TRUE(torch::equal(outputs[0][1].cpu(), torch::full({3}, 2.0)));
+
+  const ProcessGroupPtr split = split_group(nullptr, {{0}});
+  ASSERT_NE(split, nullptr);
+  EXPECT_EQ(split->backend_names().at("cuda"), "nccl");
+  at::Tensor t = torch::full({4}, 3.0, cuda());
+  all_reduce(t, ReduceOp::SUM, split);
+  EXPECT_EQ(t[0].item<float>(), 3.0f);
 }
 
 // The dtype sweep on CPU tensors over gloo: what the NCCL case asserts is checked everywhere.

@@ -10,6 +10,7 @@
 #include "nccl/all_to_all_plan.h"
 #include "nccl/device_choice.h"
 #include "nccl/nccl_types.h"
+#include "nccl/reduction.h"
 #include "support/expect.h"
 #include "support/scoped_env.h"
 #include "tdist/comm/backend.h"
@@ -61,6 +62,26 @@ TEST(NcclTypes, ReduceOpsAsC10dMapsThem) {
     EXPECT_NE(what.find("not supported by NCCL"), std::string::npos) << what;
     EXPECT_NE(what.find("cpu:gloo,cuda:nccl"), std::string::npos) << what;
   }
+}
+
+// PREMUL_SUM is made per call (nccl/reduction.h), for the dtypes c10d takes it on; every
+// refusal comes before a communicator is touched.
+TEST(NcclTypes, PremulSumIsMadePerCallForFloatingTypes) {
+  EXPECT_NE(
+      error_of([] { nccl_reduce_op(ReduceOp::PREMUL_SUM, at::kFloat); }).find("made per call"),
+      std::string::npos);
+  const std::string ints =
+      error_of([] { detail::Reduction(make_nccl_premul_sum(2.0), torch::ones({2}, at::kInt)); });
+  EXPECT_NE(ints.find("PREMUL_SUM of Int tensors is not supported"), std::string::npos) << ints;
+  const std::string bare =
+      error_of([] { detail::Reduction(ReduceOp::PREMUL_SUM, torch::ones({2})); });
+  EXPECT_NE(bare.find("needs its factor"), std::string::npos) << bare;
+  EXPECT_TRUE(detail::Reduction(make_nccl_premul_sum(2.0), torch::ones({2})).tensors().empty());
+  const detail::Reduction on_device_factor(make_nccl_premul_sum(torch::full({1}, 2.0)),
+                                           torch::ones({2}, at::kHalf));
+  ASSERT_EQ(on_device_factor.tensors().size(), 1u);
+  EXPECT_EQ(on_device_factor.tensors()[0].scalar_type(), at::kHalf);
+  EXPECT_TRUE(detail::Reduction(ReduceOp::SUM, torch::ones({2})).tensors().empty());
 }
 
 TEST(NcclAllToAllPlan, EvenSplitsCutDimZeroIntoEqualBlocksOfWholeRows) {
