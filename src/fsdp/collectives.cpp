@@ -112,7 +112,8 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
-                                   FSDPStats& stats, DeviceStreams* streams) {
+                                   FSDPStats& stats, DeviceStreams* streams,
+                                   const ReduceHook& hook) {
   TraceScope trace("FSDP::reduce_scatter", label);
   CopyTimer copy(stats);
   ReduceScatterResult result;
@@ -157,7 +158,9 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   if (streams != nullptr) streams->wait(StreamRole::kReduceScatter, StreamRole::kCompute);
   StreamScope on_reduce_scatter(streams, StreamRole::kReduceScatter);
   result.output = at::empty({layout.total}, options);
-  if (group->size() == 1) {
+  if (hook) {
+    result.work = run_reduce_hook(hook, result.output, flat_input, label, stats);
+  } else if (group->size() == 1) {
     // No collective marks the input in use by this stream (as the process group's does): it
     // was allocated on the compute stream, which may reuse it once the host drops it.
     if (streams != nullptr) streams->record_use(result.input, StreamRole::kReduceScatter);
@@ -322,10 +325,21 @@ void copy_in_grads(const at::Tensor& input, const std::vector<ShardedParam*>& pa
 
 WorkPtr issue_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                              const ProcessGroupPtr& group, const std::string& label,
-                             FSDPStats& stats) {
+                             FSDPStats& stats, const ReduceHook& hook) {
+  if (hook) return run_reduce_hook(hook, output, input, label, stats);
   return issue_flat("reduce_scatter_tensor", output, input, group, label, stats, [&] {
     return reduce_scatter_tensor(output, input, ReduceOp::SUM, group, /*async_op=*/true);
   });
+}
+
+WorkPtr run_reduce_hook(const ReduceHook& hook, const at::Tensor& output, const at::Tensor& input,
+                        const std::string& label, FSDPStats& stats) {
+  TraceScope trace("FSDP::reduce_hook", label);
+  {
+    CommTimer issue(stats.comm_issue_ns);  // the hook's collectives, issued and waited
+    hook(input, output);
+  }
+  return completed_work("reduce_scatter_tensor", {output});
 }
 
 }  // namespace tdist::fsdp::detail

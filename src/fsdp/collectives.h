@@ -14,6 +14,7 @@
 // param i's padded unsharded tensor (Note [Dim-0 padding]). Reduce-scatter uses the same
 // layout for its input, so rank r receives the sum of every rank's column block r.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,16 @@ void foreach_all_gather_copy_out(const AllGatherResult& result,
                                  const std::vector<ShardedParam*>& params,
                                  const FlatLayout& layout);
 
+// Note [Reduce hook]
+// A group's gradient reduction may be handed to a function (FSDP1's register_comm_hook):
+// called with the flat reduce-scatter input ([world * total] of the shard group, rank-major,
+// Note [Flat buffer layout]) and this rank's output ([total]), it runs the communication and
+// its averaging itself, synchronously, in place of the reduce-scatter, and, when the group
+// has replicas (HSDP, a NO_SHARD mesh), in place of their all-reduce too: finish_reduce
+// installs its output undivided. It runs on every rank for every reduce, with zeros from a
+// joined rank (Note [Join replay]), so its collectives pair up.
+using ReduceHook = std::function<void(const at::Tensor& input, const at::Tensor& output)>;
+
 struct ReduceScatterResult {
   WorkPtr work;
   at::Tensor output;           // [total], this rank's summed shards
@@ -72,12 +83,14 @@ struct ReduceScatterResult {
 
 /// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards, in
 /// `reduce_dtype` (MixedPrecisionPolicy::reduce_dtype). With `streams`, the copy-in runs on
-/// the compute stream and the issue on the reduce-scatter stream (Note [FSDP streams]).
+/// the compute stream and the issue on the reduce-scatter stream (Note [FSDP streams]). A
+/// set `hook` reduces instead (Note [Reduce hook]).
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
-                                   FSDPStats& stats, DeviceStreams* streams);
+                                   FSDPStats& stats, DeviceStreams* streams,
+                                   const ReduceHook& hook = nullptr);
 
 /// All-gathers a tensor sliced like `param` (`local`: this rank's unpadded rows, in any
 /// dtype) into the whole tensor, synchronously, over `group`, on the compute device. Returns
@@ -132,9 +145,15 @@ void copy_out_flat(const char* gathered, char* unsharded, const FlatLayout& layo
 void copy_in_grads(const at::Tensor& input, const std::vector<ShardedParam*>& params,
                    const std::vector<at::Tensor>& grads, const FlatLayout& layout);
 
-/// Issues the reduce-scatter (SUM) of `input` ([world * total]) into `output` ([total]).
+/// Issues the reduce-scatter (SUM) of `input` ([world * total]) into `output` ([total]); a
+/// set `hook` reduces instead (Note [Reduce hook]).
 WorkPtr issue_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                              const ProcessGroupPtr& group, const std::string& label,
-                             FSDPStats& stats);
+                             FSDPStats& stats, const ReduceHook& hook = nullptr);
+
+/// Runs `hook` (Note [Reduce hook]) on `input` and `output`; returns the completed Work the
+/// reduce-scatter would have returned.
+WorkPtr run_reduce_hook(const ReduceHook& hook, const at::Tensor& output, const at::Tensor& input,
+                        const std::string& label, FSDPStats& stats);
 
 }  // namespace tdist::fsdp::detail

@@ -48,6 +48,7 @@ struct GroupBuffersContext {
   const GroupLabels& labels;
   FSDPStats& stats;
   DeviceStreams* streams;  // the compute device's (Note [FSDP streams]); null on the CPU
+  const ReduceHook& reduce_hook;  // when set, reduces in place of the reduce-scatter
 };
 
 class GroupBuffers {
@@ -71,7 +72,8 @@ class GroupBuffers {
   virtual size_t unsharded_bytes() const = 0;
 
   /// Copies `grads` (per parameter; undefined: zeros) in and issues the reduce-scatter
-  /// (SUM) over the shard group, in `reduce_dtype`.
+  /// (SUM) over the shard group, in `reduce_dtype`, or runs the context's reduce hook
+  /// (Note [Reduce hook]).
   virtual void start_reduce_scatter(const std::vector<at::Tensor>& grads,
                                     c10::ScalarType reduce_dtype) = 0;
   virtual const WorkPtr& reduce_scatter_work() const = 0;

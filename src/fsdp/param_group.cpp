@@ -117,7 +117,8 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
       config_(std::move(config)) {
   set_label(std::move(label));
   streams_ = device_streams_for(raw_.front()->unsharded_options().device());
-  buffers_ = make_group_buffers({raw_, layout_, group_, labels_, stats_, streams_}, config_);
+  buffers_ =
+      make_group_buffers({raw_, layout_, group_, labels_, stats_, streams_, reduce_hook_}, config_);
 }
 
 ParamGroup::~ParamGroup() = default;
@@ -506,7 +507,9 @@ void ParamGroup::finish_reduce() {
   at::Tensor& reduced = buffers_->reduce_output();
   double divisor = group_->size();
   const ProcessGroupPtr& replicas = config_.replicate_group;
-  if (replicas && replicas->size() > 1) {
+  if (reduce_hook_) {
+    divisor = 1.0;  // Note [Reduce hook]: reduced across replicas too, and averaged
+  } else if (replicas && replicas->size() > 1) {
     if (!requires_all_reduce_) {
       hold_partial_reduce();
       return;
@@ -527,7 +530,7 @@ void ParamGroup::finish_reduce() {
     wait_work(work, replicas, stats_);
     divisor *= replicas->size();
   }
-  divisor = gradient_divide_factor_.value_or(divisor);
+  if (!reduce_hook_) divisor = gradient_divide_factor_.value_or(divisor);
   if (all_reduce_hook_) {
     {
       CopyTimer copy(stats_);

@@ -81,6 +81,8 @@ class ParamGroup {
   /// FSDPModule::set_all_reduce_hook / set_unshard_in_backward.
   void set_all_reduce_hook(AllReduceHook hook) { all_reduce_hook_ = std::move(hook); }
   void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
+  /// FSDP1's register_comm_hook: Note [Reduce hook]. Between steps.
+  void set_reduce_hook(ReduceHook hook) { reduce_hook_ = std::move(hook); }
   /// FSDPModule::set_reshard_after_backward (Note [Unsharded after backward]).
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
@@ -164,6 +166,7 @@ class ParamGroup {
   bool reshard_after_backward_ = true;
   bool kept_after_backward_ = false;
   AllReduceHook all_reduce_hook_;
+  ReduceHook reduce_hook_;  // read by buffers_ (its context refers to it)
   bool unshard_in_backward_ = true;
   /// Note [Accumulation without all-reduce]: the sum of the reduce-scatter outputs of the
   /// backwards that skipped the replica all-reduce (undivided), or undefined.

@@ -52,7 +52,8 @@ size_t PerCallBuffers::unsharded_bytes() const {
 void PerCallBuffers::start_reduce_scatter(const std::vector<at::Tensor>& grads,
                                           c10::ScalarType reduce_dtype) {
   reduce_ = foreach_reduce(context_.params, grads, *context_.layout, context_.group,
-                           context_.labels.module, reduce_dtype, context_.stats, context_.streams);
+                           context_.labels.module, reduce_dtype, context_.stats, context_.streams,
+                           context_.reduce_hook);
 }
 
 void PerCallBuffers::install_reduced_grads(double divisor) {

@@ -184,8 +184,9 @@ void PersistentBuffers::start_reduce_scatter(const std::vector<at::Tensor>& grad
     if (!reduce_direct_) reduce_tmp_.acquire();
     reduce_output_ = reduce_direct_ ? grad_flat_ : reduce_tmp_.tensor();
   }
-  reduce_work_ = issue_reduce_scatter(reduce_output_, reduce_in_.tensor(), context_.group,
-                                      context_.labels.reduce_scatter, context_.stats);
+  reduce_work_ =
+      issue_reduce_scatter(reduce_output_, reduce_in_.tensor(), context_.group,
+                           context_.labels.reduce_scatter, context_.stats, context_.reduce_hook);
 }
 
 void PersistentBuffers::install_reduced_grads(double divisor) {
