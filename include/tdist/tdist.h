@@ -33,6 +33,7 @@
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_sharded_data_parallel.h"
+#include "tdist/fsdp/comm_hooks.h"
 #include "tdist/fsdp/join.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/fsdp/trace.h"

@@ -1,7 +1,10 @@
 // The FSDP1 surface (FullyShardedDataParallel): every sharding strategy trains the tiny
-// transformer with parity against single-process training; auto-wrap policies wrap what
-// they should, bottom-up; sync_module_states; ignored modules/parameters; mixed precision
-// and offload options reach the core; bad options raise clear errors on every rank.
+// transformer with parity against single-process training, also through device_id, a
+// CustomPolicy and communication hooks (PyTorch's default hooks); auto-wrap policies wrap what
+// they should, bottom-up; a CustomPolicy's per-module options equal fully_shard applied by
+// hand with them; sync_module_states; ignored modules/parameters and ignored_states; mixed
+// precision and offload options reach the core; bad options and hooks raise clear errors on
+// every rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,9 +12,11 @@
 #include <string>
 
 #include "fsdp/tiny_transformer.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
+#include "tdist/fsdp/comm_hooks.h"
 #include "tdist/fsdp/fully_sharded_data_parallel.h"
 #include "tdist/mesh/device_mesh.h"
 
@@ -51,8 +56,32 @@ std::map<std::string, at::Tensor> full_params(detail::FullyShardedBase& fsdp) {
   return out;
 }
 
-// Env: FSDP1_STRATEGY, FSDP1_POLICY (type | size), FSDP1_LIMIT (1/0), FSDP1_BWD
-// (pre | post | none), FSDP1_FWD (1/0), FSDP1_OFFLOAD (1/0).
+/// A default hook's state that counts the hook's calls and checks the shapes it is given.
+struct CountingState : default_hooks::LowPrecisionState {
+  CountingState(ProcessGroupPtr group, std::string kind)
+      : LowPrecisionState(std::move(group)), kind(std::move(kind)) {}
+  std::string kind;  // reduce_scatter | allreduce | fp16 | bf16
+  int calls = 0;
+  int bad_shapes = 0;
+};
+
+void counting_hook(CountingState& s, const at::Tensor& grad, const at::Tensor& output) {
+  ++s.calls;
+  if (output.defined() && grad.numel() != output.numel() * s.world_size) ++s.bad_shapes;
+  if (s.kind == "reduce_scatter") {
+    default_hooks::reduce_scatter_hook(s, grad, output);
+  } else if (s.kind == "allreduce") {
+    default_hooks::allreduce_hook(s, grad);
+  } else if (s.kind == "fp16") {
+    default_hooks::fp16_compress_hook(s, grad, output);
+  } else {
+    default_hooks::bf16_compress_hook(s, grad, output);
+  }
+}
+
+// Env: FSDP1_STRATEGY, FSDP1_POLICY (type | size | custom), FSDP1_LIMIT (1/0), FSDP1_BWD
+// (pre | post | none), FSDP1_FWD (1/0), FSDP1_OFFLOAD (1/0), FSDP1_DEVICE_ID (cpu),
+// FSDP1_HOOK (reduce_scatter | allreduce | fp16 | bf16), FSDP1_TOL (default kTol).
 TDIST_SCENARIO(fsdp1_parity) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const int world = get_world_size();
@@ -67,6 +96,10 @@ TDIST_SCENARIO(fsdp1_parity) {
   opts.sharding_strategy(strategy);
   if (env_str("FSDP1_POLICY", "type") == "size") {
     opts.auto_wrap_policy(size_based_auto_wrap_policy(1000));
+  } else if (env_str("FSDP1_POLICY") == "custom") {
+    opts.auto_wrap_policy(CustomPolicy([](const torch::nn::Module& m) -> CustomWrap {
+      return dynamic_cast<const TinyBlockImpl*>(&m) != nullptr;
+    }));
   } else {
     opts.auto_wrap_policy(module_type_wrap_policy<TinyBlockImpl>());
   }
@@ -79,8 +112,14 @@ TDIST_SCENARIO(fsdp1_parity) {
   }
   opts.forward_prefetch(env_str("FSDP1_FWD", "0") == "1");
   if (env_str("FSDP1_OFFLOAD", "0") == "1") opts.cpu_offload(CPUOffload().offload_params(true));
+  if (env_str("FSDP1_DEVICE_ID") == "cpu") opts.device_id(torch::kCPU);
+  const double tol = std::stod(env_str("FSDP1_TOL", "1e-5"));
 
   FullyShardedDataParallel fsdp(testing::make_tiny(c), opts);
+  EXPECT_TRUE(fsdp.compute_device().is_cpu());
+  const std::string hook = env_str("FSDP1_HOOK");
+  auto hook_state = std::make_shared<CountingState>(group_world(), hook);
+  if (!hook.empty()) fsdp.register_comm_hook(hook_state, counting_hook);
   // Both policies pick exactly the blocks, bottom-up, then the root.
   EXPECT_EQ(fsdp.wrapped_module_names(), (std::vector<std::string>{"block0", "block1", ""}));
   for (auto& block : fsdp.module()->blocks) EXPECT_TRUE(is_fully_sharded(*block));
@@ -113,11 +152,24 @@ TDIST_SCENARIO(fsdp1_parity) {
     auto y = targets.narrow(0, rank * kLocalBatch, kLocalBatch);
     auto loss = testing::lm_loss(fsdp.forward(x), y);
     loss.backward();
+    if (step == 0) {  // the reduced gradients themselves (AdamW's step would hide a scale)
+      auto full =
+          fsdp.summon_full_params(SummonFullParamsOptions().writeback(false).with_grads(true));
+      auto ref_params = ref->named_parameters();
+      for (const auto& item : fsdp.named_parameters()) {
+        const at::Tensor diff = item.value().grad() - ref_params[item.key()].grad();
+        EXPECT_LE(diff.abs().max().item<double>(), tol) << item.key() << " rank " << rank;
+      }
+    }
     opt.step();
     auto global_loss = loss.detach().to(torch::kFloat64).reshape({1});
     all_reduce(global_loss);
-    EXPECT_NEAR(global_loss.item<double>() / world, ref_loss.item<double>(), kTol)
+    EXPECT_NEAR(global_loss.item<double>() / world, ref_loss.item<double>(), tol)
         << "step " << step;
+  }
+  if (!hook.empty()) {  // once per unit (the blocks and the root) and step, with its shapes
+    EXPECT_EQ(hook_state->calls, 3 * kSteps);
+    EXPECT_EQ(hook_state->bad_shapes, 0);
   }
 
   auto ref_params = ref->named_parameters();
@@ -127,7 +179,7 @@ TDIST_SCENARIO(fsdp1_parity) {
     ASSERT_EQ(value.sizes(), expected.sizes()) << name;
     max_diff = std::max(max_diff, (value - expected).abs().max().item<double>());
   }
-  EXPECT_LE(max_diff, kTol) << "rank " << rank;
+  EXPECT_LE(max_diff, tol) << "rank " << rank;
   int64_t local = 0, full = 0;
   for (const auto& p : fsdp.parameters()) local += p.numel();
   for (const auto& p : ref->parameters()) full += p.numel();
@@ -172,8 +224,181 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"hybrid_zero2_w4",
              4,
              {{"FSDP1_STRATEGY", "HYBRID_SHARD_ZERO2"}, {"LOCAL_WORLD_SIZE", "2"}}},
-        Case{"offload_w2", 2, {{"FSDP1_OFFLOAD", "1"}}}),
+        Case{"offload_w2", 2, {{"FSDP1_OFFLOAD", "1"}}},
+        Case{"custom_policy_device_id_cpu_w1",
+             1,
+             {{"FSDP1_POLICY", "custom"}, {"FSDP1_DEVICE_ID", "cpu"}}},
+        Case{"custom_policy_device_id_cpu_w3",
+             3,
+             {{"FSDP1_POLICY", "custom"}, {"FSDP1_DEVICE_ID", "cpu"}}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// ---- communication hooks ------------------------------------------------------------------
+
+/// The parity scenario with `hook` registered, at each of `worlds`.
+void expect_hook_parity(const std::string& hook, const std::string& strategy,
+                        std::initializer_list<int> worlds, const std::string& tol = "1e-5") {
+  tdist::testing::ProcessOptions options;
+  options.env = {{"FSDP1_HOOK", hook}, {"FSDP1_STRATEGY", strategy}, {"FSDP1_TOL", tol}};
+  options.timeout = std::chrono::seconds(240);
+  tdist::testing::expect_all_ok_at_worlds("fsdp1_parity", worlds, options);
+}
+
+TEST(FSDP1CommHook, ReduceScatterHookMatchesSingleProcess) {
+  expect_hook_parity("reduce_scatter", "FULL_SHARD", {1, 2, 3, 4});
+}
+
+TEST(FSDP1CommHook, AllReduceHookMatchesSingleProcess) {
+  expect_hook_parity("allreduce", "NO_SHARD", {1, 2, 3});
+}
+
+// Gradients reduced in 16 bits: within what that precision allows of the float32 run.
+TEST(FSDP1CommHook, CompressHooksStayCloseToSingleProcess) {
+  expect_hook_parity("fp16", "SHARD_GRAD_OP", {3}, "1e-3");
+  expect_hook_parity("bf16", "NO_SHARD", {2}, "1e-2");
+  expect_hook_parity("bf16", "FULL_SHARD", {4}, "1e-2");
+}
+
+// Misuse, raised alike on every rank: hybrid strategies, a hook without output for a sharded
+// strategy, a second hook, a null state, a hook after the first forward or on an inner
+// wrapper; a hook that replaces its output fails the backward naming the unit.
+TDIST_SCENARIO(fsdp1_comm_hook_errors) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  using tdist::testing::expect_invalid_argument;
+  const TinyConfig c;
+  auto state = std::make_shared<default_hooks::DefaultState>(group_world());
+  auto policy = module_type_wrap_policy<TinyBlockImpl>();
+  {
+    auto mesh2d = mesh::init_device_mesh("cpu", {get_world_size(), 1}, {"replicate", "shard"});
+    FullyShardedDataParallel hybrid(
+        testing::make_tiny(c),
+        FSDPOptions().sharding_strategy(ShardingStrategy::HYBRID_SHARD).device_mesh(mesh2d));
+    expect_invalid_argument(
+        [&] { hybrid.register_comm_hook(state, default_hooks::reduce_scatter_hook); }, "hybrid");
+  }
+  FullyShardedDataParallel fsdp(testing::make_tiny(c), FSDPOptions().auto_wrap_policy(policy));
+  expect_invalid_argument([&] { fsdp.register_comm_hook(state, default_hooks::allreduce_hook); },
+                          "needs hook(state, grad, output)");
+  expect_invalid_argument(
+      [&] {
+        fsdp.register_comm_hook(std::shared_ptr<default_hooks::DefaultState>(),
+                                default_hooks::reduce_scatter_hook);
+      },
+      "state is null");
+  fsdp.register_comm_hook(state, default_hooks::reduce_scatter_hook);
+  expect_invalid_argument(
+      [&] { fsdp.register_comm_hook(state, default_hooks::reduce_scatter_hook); },
+      "already registered");
+
+  FullyShardedDataParallel ran(testing::make_tiny(c), FSDPOptions().auto_wrap_policy(policy));
+  auto [inputs, targets] = testing::tiny_batch(c, 2, 0);
+  testing::lm_loss(ran.forward(inputs), targets).backward();
+  expect_invalid_argument(
+      [&] { ran.register_comm_hook(state, default_hooks::reduce_scatter_hook); },
+      "before the first forward");
+
+  TinyTransformer outer_model = testing::make_tiny(c);
+  FullyShardedDataParallel inner(outer_model->blocks[0]);
+  FullyShardedDataParallel outer(outer_model);
+  expect_invalid_argument(
+      [&] { inner.register_comm_hook(state, default_hooks::reduce_scatter_hook); }, "outermost");
+
+  FullyShardedDataParallel bad(testing::make_tiny(c), FSDPOptions().auto_wrap_policy(policy));
+  bad.register_comm_hook(state, [](default_hooks::DefaultState&, const at::Tensor&,
+                                   const at::Tensor& output) { output.set_data(at::zeros({1})); });
+  std::string error = "<no error>";
+  try {  // raised in autograd's backward, which may rethrow it as another exception type
+    testing::lm_loss(bad.forward(inputs), targets).backward();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("replaced output of unit 'block1'"), std::string::npos) << error;
+  EXPECT_NE(error.find("in place"), std::string::npos) << error;
+  destroy_process_group();
+}
+
+TEST(FSDP1CommHook, MisuseRaisesOnEveryRank) {
+  tdist::testing::expect_all_ok_at_worlds("fsdp1_comm_hook_errors", {1, 2});
+}
+
+// ---- CustomPolicy -------------------------------------------------------------------------
+
+// A CustomPolicy giving block0 the root's options and block1 SHARD_GRAD_OP with gradients
+// reduced in bfloat16 (and block0 CPU offload under FSDP1_CUSTOM=offload) trains exactly as
+// fully_shard applied by hand with the options the FSDP1 docs say these become.
+TDIST_SCENARIO(fsdp1_custom_policy) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const int rank = get_rank();
+  const TinyConfig c;
+  const bool offload = env_str("FSDP1_CUSTOM") == "offload";
+  const auto bf16 = MixedPrecision().reduce_dtype(torch::kBFloat16);
+  TinyTransformer model = testing::make_tiny(c);
+  const TinyBlockImpl* block0 = model->blocks[0].get();
+  const TinyBlockImpl* block1 = model->blocks[1].get();
+  FullyShardedDataParallel fsdp(
+      model, FSDPOptions().auto_wrap_policy(CustomPolicy([&](const torch::nn::Module& m) {
+        if (&m == block0) {
+          return offload
+                     ? CustomWrap(FSDPUnitOptions().cpu_offload(CPUOffload().offload_params(true)))
+                     : CustomWrap(true);
+        }
+        if (&m == block1) {
+          return CustomWrap(FSDPUnitOptions()
+                                .sharding_strategy(ShardingStrategy::SHARD_GRAD_OP)
+                                .mixed_precision(bf16));
+        }
+        return CustomWrap(FSDPUnitOptions());  // empty: not wrapped, as Python's {}
+      })));
+  EXPECT_EQ(fsdp.wrapped_module_names(), (std::vector<std::string>{"block0", "block1", ""}));
+
+  TinyTransformer by_hand = testing::make_tiny(c);
+  const FullyShardOptions base = fsdp.fully_shard_options();
+  FullyShardOptions first = base;
+  if (offload) first.offload_policy(CPUOffloadPolicy(/*pin_memory=*/false));
+  FullyShardOptions second = base;
+  second.reshard_after_forward(false).mp_policy(
+      MixedPrecisionPolicy().reduce_dtype(torch::kBFloat16).cast_forward_inputs(false));
+  fully_shard(by_hand->blocks[0], first);
+  fully_shard(by_hand->blocks[1], second);
+  fully_shard(by_hand, base);
+
+  auto opt = make_adamw(fsdp.parameters());
+  auto hand_opt = make_adamw(by_hand->parameters());
+  for (int step = 0; step < 4; ++step) {
+    auto [inputs, targets] = testing::tiny_batch(c, kLocalBatch * get_world_size(), step);
+    auto x = inputs.narrow(0, rank * kLocalBatch, kLocalBatch);
+    auto y = targets.narrow(0, rank * kLocalBatch, kLocalBatch);
+    opt.zero_grad();
+    hand_opt.zero_grad();
+    auto loss = testing::lm_loss(fsdp.forward(x), y);
+    auto hand_loss = testing::lm_loss(tdist::fsdp::forward(by_hand, x), y);
+    loss.backward();
+    hand_loss.backward();
+    opt.step();
+    hand_opt.step();
+    EXPECT_EQ(loss.item<double>(), hand_loss.item<double>()) << "step " << step;
+  }
+  const auto got = model->named_parameters();
+  for (const auto& item : by_hand->named_parameters()) {
+    EXPECT_TRUE(torch::equal(got[item.key()], item.value())) << item.key() << " rank " << rank;
+  }
+  // SHARD_GRAD_OP keeps block1 unsharded for backward: fewer all-gathers than block0 (with
+  // more than one rank: a group of one has nothing to gather again).
+  const int64_t gathers0 = fsdp_module(*model->blocks[0]).stats().all_gathers;
+  const int64_t gathers1 = fsdp_module(*model->blocks[1]).stats().all_gathers;
+  if (get_world_size() > 1) {
+    EXPECT_LT(gathers1, gathers0);
+  }
+  EXPECT_EQ(gathers1, fsdp_module(*by_hand->blocks[1]).stats().all_gathers);
+  destroy_process_group();
+}
+
+TEST(FSDP1, CustomPolicyOverridesMatchFullyShardByHand) {
+  tdist::testing::expect_all_ok_at_worlds("fsdp1_custom_policy", {1, 2, 3});
+  tdist::testing::ProcessOptions offload;
+  offload.env = {{"FSDP1_CUSTOM", "offload"}};
+  tdist::testing::expect_all_ok_at_worlds("fsdp1_custom_policy", {2}, offload);
+}
 
 // ---- auto-wrap policies -------------------------------------------------------------------
 
@@ -303,6 +528,57 @@ TEST(FSDP1, IgnoredModulesStayUnsharded) {
   tdist::testing::expect_all_ok(tdist::testing::run_ranks_as_processes("fsdp1_ignored", 2));
 }
 
+// ignored_states: modules (all of them) or parameters (all of them) left alone, as the older
+// ignored_modules / ignored_parameters.
+TDIST_SCENARIO(fsdp1_ignored_states) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const TinyConfig c;
+  auto policy = module_type_wrap_policy<TinyBlockImpl, torch::nn::LinearImpl>();
+  {
+    TinyTransformer model = testing::make_tiny(c);
+    const auto head = model->head->weight.sizes().vec();
+    FullyShardedDataParallel fsdp(model, FSDPOptions().auto_wrap_policy(policy).ignored_states(
+                                             {model->head, model->blocks[1]}));
+    EXPECT_EQ(fsdp.wrapped_module_names(),
+              (std::vector<std::string>{"block0.qkv", "block0.proj", "block0.fc1", "block0.fc2",
+                                        "block0", ""}));
+    EXPECT_EQ(model->head->weight.sizes().vec(), head);
+    EXPECT_FALSE(is_fully_sharded(*model->blocks[1]));
+  }
+  {
+    TinyTransformer model = testing::make_tiny(c);
+    const auto pos = model->pos.sizes().vec();
+    FullyShardedDataParallel fsdp(model,
+                                  FSDPOptions().ignored_states({model->pos, model->head->weight}));
+    EXPECT_EQ(model->pos.sizes().vec(), pos);
+    EXPECT_EQ(fsdp.fully_shard_options().ignored_params().size(), 2u);
+    if (get_world_size() > 1) {
+      EXPECT_LT(model->head->bias.size(0), c.vocab);  // sharded
+    }
+  }
+  using tdist::testing::expect_invalid_argument;
+  TinyTransformer model = testing::make_tiny(c);
+  expect_invalid_argument(
+      [&] {
+        FullyShardedDataParallel f(model, FSDPOptions().ignored_states({model->head, model->pos}));
+      },
+      "mixes 1 module(s) and 1 parameter(s)");
+  expect_invalid_argument(
+      [&] {
+        FullyShardedDataParallel f(
+            model, FSDPOptions().ignored_states({model->head}).ignored_modules({model->tok.ptr()}));
+      },
+      "pass only ignored_states");
+  expect_invalid_argument(
+      [&] { FullyShardedDataParallel f(model, FSDPOptions().ignored_states({torch::zeros({2})})); },
+      "ignored_states[0] is not a parameter");
+  destroy_process_group();
+}
+
+TEST(FSDP1, IgnoredStates) {
+  tdist::testing::expect_all_ok_at_worlds("fsdp1_ignored_states", {1, 2, 3});
+}
+
 // ---- mixed precision options --------------------------------------------------------------
 
 TDIST_SCENARIO(fsdp1_mixed_precision) {
@@ -371,6 +647,53 @@ TDIST_SCENARIO(fsdp1_bad_options) {
                                    FSDPOptions().ignored_parameters({torch::zeros({2})}));
       },
       "not a parameter");
+  // device_id: a CUDA device this process cannot use, or another device type.
+  if (!tdist::testing::has_gpu()) {
+    expect_invalid(
+        [&] { FullyShardedDataParallel f(testing::make_tiny(c), FSDPOptions().device_id(0)); },
+        "device_id cuda:0, but this process sees no CUDA device");
+    expect_invalid(
+        [&] {
+          FullyShardedDataParallel f(testing::make_tiny(c),
+                                     FSDPOptions().device_id(torch::Device("cuda")));
+        },
+        "pass torch::kCPU");
+  } else {
+    expect_invalid(
+        [&] { FullyShardedDataParallel f(testing::make_tiny(c), FSDPOptions().device_id(99)); },
+        "usually LOCAL_RANK");
+  }
+  expect_invalid(
+      [&] {
+        FullyShardedDataParallel f(testing::make_tiny(c), FSDPOptions().device_id(torch::kMeta));
+      },
+      "is not supported");
+  // CustomPolicy options the core cannot honour.
+  expect_invalid(
+      [&] {
+        FullyShardedDataParallel f(
+            testing::make_tiny(c),
+            FSDPOptions().auto_wrap_policy(
+                CustomPolicy([](const torch::nn::Module& m) -> CustomWrap {
+                  if (dynamic_cast<const TinyBlockImpl*>(&m) == nullptr) {
+                    return false;
+                  }
+                  return FSDPUnitOptions().sharding_strategy(ShardingStrategy::NO_SHARD);
+                })));
+      },
+      "needs another mesh");
+  expect_invalid(
+      [&] {
+        FullyShardedDataParallel f(testing::make_tiny(c),
+                                   FSDPOptions().auto_wrap_policy(
+                                       CustomPolicy([](const torch::nn::Module& m) -> CustomWrap {
+                                         if (dynamic_cast<const TinyBlockImpl*>(&m) == nullptr)
+                                           return false;
+                                         return FSDPUnitOptions().mixed_precision(
+                                             MixedPrecision().buffer_dtype(torch::kBFloat16));
+                                       })));
+      },
+      "buffer_dtype");
   TinyTransformer model = testing::make_tiny(c);
   FullyShardedDataParallel once(model);
   expect_invalid([&] { FullyShardedDataParallel twice(model); }, "already sharded");

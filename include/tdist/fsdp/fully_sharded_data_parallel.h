@@ -18,15 +18,19 @@
 // (see docs/fsdp.md, "How FSDP gets control of a module's forward"). A wrapped module
 // called directly raises on the first forward.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -124,6 +128,113 @@ AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params = 100000000,
                                            ModulePredicate force_leaf_modules = nullptr,
                                            ModulePredicate exclude_wrap_modules = nullptr);
 
+/// Options a CustomPolicy may set for one wrapped module, overriding the root's (the keys of
+/// the kwargs dict Python's CustomPolicy function returns that apply per unit on the
+/// fully_shard core). Unset: the root's.
+///  sharding_strategy : within the root's family: FULL_SHARD <-> SHARD_GRAD_OP,
+///                      HYBRID_SHARD <-> HYBRID_SHARD_ZERO2 (every unit shards over the root's
+///                      mesh); NO_SHARD only under NO_SHARD.
+///  mixed_precision   : the unit's param / reduce dtypes and cast_forward_inputs; buffer_dtype
+///                      must be unset or the root's (buffers are cast once, for the whole
+///                      model).
+///  cpu_offload       : the unit's offload policy.
+struct FSDPUnitOptions {
+  TDIST_ARG(std::optional<ShardingStrategy>, sharding_strategy) = std::nullopt;
+  TDIST_ARG(std::optional<MixedPrecision>, mixed_precision) = std::nullopt;
+  TDIST_ARG(std::optional<CPUOffload>, cpu_offload) = std::nullopt;
+
+ public:
+  /// No override set (Python's empty dict: the module is not wrapped).
+  bool empty() const { return !sharding_strategy_ && !mixed_precision_ && !cpu_offload_; }
+};
+
+/// What a CustomPolicy function answers for one module, as Python's False / True / kwargs:
+/// false (or empty FSDPUnitOptions) leaves it in its parent's unit; true wraps it with the
+/// root's options; non-empty FSDPUnitOptions wrap it with those overriding the root's.
+class CustomWrap {
+ public:
+  /*implicit*/ CustomWrap(bool wrap) : wrap_(wrap) {}
+  /*implicit*/ CustomWrap(FSDPUnitOptions overrides)
+      : wrap_(!overrides.empty()), overrides_(std::move(overrides)) {}
+  bool wrap() const { return wrap_; }
+  const FSDPUnitOptions& overrides() const { return overrides_; }
+
+ private:
+  bool wrap_;
+  FSDPUnitOptions overrides_;
+};
+
+/// Python's CustomPolicy: `fn` is asked once for every module below the root (the root takes
+/// the FSDPOptions; ignored and already sharded modules are not asked); the modules it wraps
+/// get fully_shard bottom-up, e.g.
+///   CustomPolicy([&](const torch::nn::Module& m) -> CustomWrap {
+///     if (&m == model->head.get()) {
+///       return FSDPUnitOptions().sharding_strategy(ShardingStrategy::SHARD_GRAD_OP);
+///     }
+///     return dynamic_cast<const BlockImpl*>(&m) != nullptr;
+///   })
+class CustomPolicy {
+ public:
+  using Fn = std::function<CustomWrap(const torch::nn::Module& module)>;
+  explicit CustomPolicy(Fn fn) : fn_(std::move(fn)) {}
+  const Fn& fn() const { return fn_; }
+
+ private:
+  Fn fn_;
+};
+
+/// FSDPOptions::auto_wrap_policy: a callable policy (AutoWrapPolicy, as the helpers above
+/// return) or a CustomPolicy; empty: only the root is wrapped.
+class WrapPolicy {
+ public:
+  WrapPolicy() = default;
+  /*implicit*/ WrapPolicy(std::nullptr_t) {}
+  /*implicit*/ WrapPolicy(AutoWrapPolicy policy) : callable_(std::move(policy)) {}
+  /*implicit*/ WrapPolicy(CustomPolicy policy) : custom_(std::move(policy)) {}
+  /// A lambda `(const Module&, bool recurse, int64_t nonwrapped_numel) -> bool`.
+  template <class F, class = std::enable_if_t<
+                         std::is_invocable_r_v<bool, F&, const torch::nn::Module&, bool, int64_t>>>
+  /*implicit*/ WrapPolicy(F policy) : callable_(std::move(policy)) {}
+
+  const AutoWrapPolicy& callable() const { return callable_; }
+  const std::optional<CustomPolicy>& custom() const { return custom_; }
+  explicit operator bool() const { return static_cast<bool>(callable_) || custom_.has_value(); }
+
+ private:
+  AutoWrapPolicy callable_;
+  std::optional<CustomPolicy> custom_;
+};
+
+/// One entry of FSDPOptions::ignored_states (Python's ignored_states): a module (with all its
+/// descendants) or a parameter.
+class IgnoredState {
+ public:
+  /*implicit*/ IgnoredState(std::shared_ptr<torch::nn::Module> module)
+      : state_(std::move(module)) {}
+  template <class Impl, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, Impl>>>
+  /*implicit*/ IgnoredState(std::shared_ptr<Impl> module)
+      : state_(std::static_pointer_cast<torch::nn::Module>(std::move(module))) {}
+  template <class Impl>
+  /*implicit*/ IgnoredState(const torch::nn::ModuleHolder<Impl>& module)
+      : state_(std::static_pointer_cast<torch::nn::Module>(module.ptr())) {}
+  /*implicit*/ IgnoredState(at::Tensor parameter) : state_(std::move(parameter)) {}
+
+  /// The module, or null for a parameter.
+  const std::shared_ptr<torch::nn::Module>* module() const {
+    return std::get_if<std::shared_ptr<torch::nn::Module>>(&state_);
+  }
+  /// The parameter, or null for a module.
+  const at::Tensor* parameter() const { return std::get_if<at::Tensor>(&state_); }
+
+ private:
+  std::variant<std::shared_ptr<torch::nn::Module>, at::Tensor> state_;
+};
+
+/// A communication hook with its state bound (FullyShardedBase::register_comm_hook): `grad` is
+/// an FSDP unit's flat gradient; sharded strategies pass `output`, this rank's shard to fill
+/// (reduce-scattered and averaged); NO_SHARD passes it undefined: reduce `grad` in place.
+using CommHook = std::function<void(const at::Tensor& grad, const at::Tensor& output)>;
+
 struct FSDPOptions {
   /// Ranks to shard over (FULL_SHARD / SHARD_GRAD_OP). Default: the world. Not with
   /// device_mesh.
@@ -132,8 +243,9 @@ struct FSDPOptions {
   /// (and for NO_SHARD with a shard dimension of size 1). Default: built from the world.
   TDIST_ARG(std::optional<mesh::DeviceMesh>, device_mesh) = std::nullopt;
   TDIST_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::FULL_SHARD;
-  /// Which submodules get their own fully_shard (bottom-up). Unset: only the root.
-  TDIST_ARG(AutoWrapPolicy, auto_wrap_policy) = nullptr;
+  /// Which submodules get their own fully_shard (bottom-up): an AutoWrapPolicy callable or a
+  /// CustomPolicy (per-module option overrides). Unset: only the root.
+  TDIST_ARG(WrapPolicy, auto_wrap_policy) = nullptr;
   /// Unset: no backward prefetch.
   TDIST_ARG(std::optional<BackwardPrefetch>, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
   /// Prefetch the next module's all-gather in forward (FSDP1 default: off).
@@ -148,8 +260,22 @@ struct FSDPOptions {
   TDIST_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules) = {};
   /// Single parameters left alone, as ignored_modules.
   TDIST_ARG(std::vector<at::Tensor>, ignored_parameters) = {};
+  /// Python's ignored_states: modules or parameters left alone (all modules or all
+  /// parameters, not mixed). Not with ignored_modules or ignored_parameters.
+  TDIST_ARG(std::vector<IgnoredState>, ignored_states) = {};
+  /// The device the module is moved to before sharding (its parameters and buffers on the
+  /// CPU; not ignored ones), and the compute device: a CUDA device (device_id(i) is cuda:i;
+  /// "cuda" without an index is the current device) or the CPU. Parameters already on another
+  /// device are an error, as in PyTorch. Unset: the module stays where it is.
+  TDIST_ARG(std::optional<c10::Device>, device_id) = std::nullopt;
   TDIST_ARG(std::optional<MixedPrecision>, mixed_precision) = std::nullopt;
   TDIST_ARG(std::optional<CPUOffload>, cpu_offload) = std::nullopt;
+
+ public:
+  /// device_id as Python's int: the CUDA device of that index.
+  FSDPOptions& device_id(int index) {
+    return device_id(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+  }
 };
 
 namespace detail {
@@ -176,6 +302,8 @@ class FullyShardedBase {
   ShardingStrategy sharding_strategy() const { return options_.sharding_strategy(); }
   /// The mesh the parameters are sharded over, when one was given or built.
   const std::optional<mesh::DeviceMesh>& device_mesh() const { return mesh_; }
+  /// Where the sharded parameters compute: device_id, or the device the module was on.
+  const c10::Device& compute_device() const { return compute_device_; }
   /// The FullyShardOptions the root was sharded with (what the FSDP1 options became).
   const FullyShardOptions& fully_shard_options() const { return shard_options_; }
 
@@ -213,12 +341,46 @@ class FullyShardedBase {
   void load_optim_state_dict(torch::optim::Optimizer& optimizer, const ShardedStateDict& state,
                              const StateDictOptions& options = {});
 
+  /// FSDP1's register_comm_hook(state, hook): every FSDP unit reduces its gradients through
+  /// `hook` instead: hook(*state, grad, output) for FULL_SHARD / SHARD_GRAD_OP, where grad is
+  /// the unit's flat unsharded gradient (padded to world x shard; rank r's chunk is the part
+  /// rank r keeps, as reduce_scatter_tensor takes it) and output this rank's shard, which the
+  /// hook fills with the reduced, averaged gradient (default_hooks::reduce_scatter_hook);
+  /// hook(*state, grad) or hook(*state, grad, undefined) for NO_SHARD, which reduces grad in
+  /// place (default_hooks::allreduce_hook). The hook writes in place: grad and output keep
+  /// their shape, dtype and storage (InvalidArgument otherwise). Once, on the root, before the
+  /// first forward; not with hybrid strategies (as PyTorch). Unlike PyTorch, a sharded
+  /// strategy at world 1 still passes output (PyTorch switches to NO_SHARD there).
+  template <class State, class Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    constexpr bool with_output =
+        std::is_invocable_v<Hook&, State&, const at::Tensor&, const at::Tensor&>;
+    static_assert(with_output || std::is_invocable_v<Hook&, State&, const at::Tensor&>,
+                  "register_comm_hook: the hook must be callable as hook(state, grad) or "
+                  "hook(state, grad, output)");
+    const bool has_state = state != nullptr;
+    register_comm_hook_impl(
+        [state = std::move(state), hook = std::move(hook)](const at::Tensor& grad,
+                                                           const at::Tensor& output) mutable {
+          if constexpr (with_output) {
+            hook(*state, grad, output);
+          } else {
+            hook(*state, grad);
+          }
+        },
+        with_output, has_state);
+  }
+
  protected:
   std::shared_ptr<torch::nn::Module> module_ptr_;
 
  private:
+  void register_comm_hook_impl(CommHook hook, bool takes_output, bool has_state);
+
   FSDPOptions options_;
   std::optional<mesh::DeviceMesh> mesh_;
+  c10::Device compute_device_ = c10::Device(c10::DeviceType::CPU);
+  bool comm_hook_registered_ = false;
   FullyShardOptions shard_options_;
   FSDPModule root_;
   std::vector<std::string> wrapped_names_;

@@ -74,7 +74,7 @@ class Planner {
                        /*only_children=*/false);
     }
     if (!only_children && policy_(*module, /*recurse=*/false, nonwrapped - wrapped)) {
-      targets_.push_back({name, module});
+      targets_.push_back({name, module, FSDPUnitOptions()});
       return nonwrapped;
     }
     return wrapped;
@@ -102,6 +102,40 @@ class Planner {
 };
 
 }  // namespace
+
+namespace {
+
+void visit_post_order(const std::shared_ptr<torch::nn::Module>& module, const std::string& name,
+                      const CustomPolicy& policy,
+                      const std::unordered_set<const torch::nn::Module*>& ignored_modules,
+                      std::unordered_set<const torch::nn::Module*>& visited,
+                      std::vector<WrapTarget>& out) {
+  for (const auto& child : module->named_children()) {
+    const torch::nn::Module* m = child.value().get();
+    if (ignored_modules.count(m) != 0 || is_fully_sharded(*m) || !visited.insert(m).second) {
+      continue;
+    }
+    visit_post_order(child.value(), name.empty() ? child.key() : name + "." + child.key(), policy,
+                     ignored_modules, visited, out);
+  }
+  if (name.empty()) return;  // the root: the caller shards it with the FSDPOptions
+  const CustomWrap answer = policy.fn()(*module);
+  if (answer.wrap()) out.push_back({name, module, answer.overrides()});
+}
+
+}  // namespace
+
+std::vector<WrapTarget> plan_custom_wrap(
+    const std::shared_ptr<torch::nn::Module>& root, const CustomPolicy& policy,
+    const std::unordered_set<const torch::nn::Module*>& ignored_modules) {
+  TDIST_CHECK_ARG(static_cast<bool>(policy.fn()),
+                  "CustomPolicy: the function is empty; pass one returning false, true or "
+                  "FSDPUnitOptions for a module");
+  std::unordered_set<const torch::nn::Module*> visited{root.get()};
+  std::vector<WrapTarget> out;
+  visit_post_order(root, "", policy, ignored_modules, visited, out);
+  return out;
+}
 
 std::vector<WrapTarget> plan_auto_wrap(
     const std::shared_ptr<torch::nn::Module>& root, const AutoWrapPolicy& policy,

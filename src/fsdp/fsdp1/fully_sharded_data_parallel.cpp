@@ -1,6 +1,7 @@
 // FSDP1's FullyShardedDataParallel on the fully_shard core: option translation (one place,
 // validated up front, before any collective), the mesh for each ShardingStrategy,
-// sync_module_states, buffer_dtype, and auto-wrapping bottom-up.
+// sync_module_states, buffer_dtype, device_id, and auto-wrapping bottom-up with the options
+// of each unit (a CustomPolicy's overrides).
 
 #include "tdist/fsdp/fully_sharded_data_parallel.h"
 
@@ -12,6 +13,8 @@
 #include <torch/torch.h>
 
 #include "fsdp/fsdp1/auto_wrap.h"
+#include "fsdp/fsdp1/device_id.h"
+#include "fsdp/fsdp1/strategy.h"
 #include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
@@ -27,27 +30,6 @@ namespace {
 constexpr int kUnlimitedAllGathers = 1 << 20;
 // FSDP1's rate limiter allows two all-gathers in flight.
 constexpr int kLimitedAllGathers = 2;
-
-std::string strategy_name(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD:
-      return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP:
-      return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD:
-      return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD:
-      return "HYBRID_SHARD";
-    case ShardingStrategy::HYBRID_SHARD_ZERO2:
-      return "HYBRID_SHARD_ZERO2";
-  }
-  return "?";
-}
-
-std::string where(ShardingStrategy s) {
-  return "FullyShardedDataParallel(" + strategy_name(s) + ") on rank " +
-         std::to_string(get_rank()) + ": ";
-}
 
 std::string device_type_of(const torch::nn::Module& module) {
   for (const auto& p : module.parameters()) {
@@ -148,28 +130,60 @@ struct Ignored {
   std::vector<at::Tensor> param_list;  // the same, in order, for FullyShardOptions
 };
 
+// ignored_states as Python's: all modules or all parameters, and not with the older options.
+void split_ignored_states(const FSDPOptions& options, const std::string& at,
+                          std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                          std::vector<at::Tensor>& params) {
+  modules = options.ignored_modules();
+  params = options.ignored_parameters();
+  const auto& states = options.ignored_states();
+  if (states.empty()) return;
+  if (!modules.empty() || !params.empty()) {
+    TDIST_THROW(InvalidArgument, at + "both ignored_states and ignored_modules / "
+                                      "ignored_parameters were given; pass only ignored_states");
+  }
+  for (const IgnoredState& state : states) {
+    if (const auto* m = state.module()) modules.push_back(*m);
+    if (const auto* p = state.parameter()) params.push_back(*p);
+  }
+  if (!modules.empty() && !params.empty()) {
+    TDIST_THROW(InvalidArgument, at + "ignored_states mixes " + std::to_string(modules.size()) +
+                                     " module(s) and " + std::to_string(params.size()) +
+                                     " parameter(s); as in PyTorch, pass all modules or all "
+                                     "parameters (a module's parameters are ignored with it)");
+  }
+}
+
 Ignored collect_ignored(const torch::nn::Module& root, const FSDPOptions& options,
                         const std::string& at) {
+  std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules;
+  std::vector<at::Tensor> ignored_parameters;
+  split_ignored_states(options, at, ignored_modules, ignored_parameters);
+  const char* modules_option =
+      options.ignored_states().empty() ? "ignored_modules" : "ignored_states";
+  const char* params_option =
+      options.ignored_states().empty() ? "ignored_parameters" : "ignored_states";
   Ignored out;
   std::unordered_set<const c10::TensorImpl*> own_params;
   for (const auto& p : root.parameters()) own_params.insert(p.unsafeGetTensorImpl());
   auto ignore = [&](const at::Tensor& p) {
     if (out.params.insert(p.unsafeGetTensorImpl()).second) out.param_list.push_back(p);
   };
-  for (size_t i = 0; i < options.ignored_modules().size(); ++i) {
-    const auto& m = options.ignored_modules()[i];
-    TDIST_CHECK_ARG(m != nullptr, at + "ignored_modules[" + std::to_string(i) + "] is null");
+  for (size_t i = 0; i < ignored_modules.size(); ++i) {
+    const auto& m = ignored_modules[i];
+    TDIST_CHECK_ARG(m != nullptr,
+                    at + modules_option + "[" + std::to_string(i) + "] is a null module");
     if (m.get() == &root) {
-      TDIST_THROW(InvalidArgument, at + "the root module itself is in ignored_modules; to "
-                                        "keep everything unsharded do not wrap it");
+      TDIST_THROW(InvalidArgument, at + "the root module itself is in " + modules_option +
+                                       "; to keep everything unsharded do not wrap it");
     }
     for (const auto& sub : m->modules(/*include_self=*/true)) out.modules.insert(sub.get());
     for (const auto& p : m->parameters()) ignore(p);
   }
-  for (size_t i = 0; i < options.ignored_parameters().size(); ++i) {
-    const at::Tensor& p = options.ignored_parameters()[i];
+  for (size_t i = 0; i < ignored_parameters.size(); ++i) {
+    const at::Tensor& p = ignored_parameters[i];
     if (!p.defined() || own_params.count(p.unsafeGetTensorImpl()) == 0) {
-      TDIST_THROW(InvalidArgument, at + "ignored_parameters[" + std::to_string(i) +
+      TDIST_THROW(InvalidArgument, at + params_option + "[" + std::to_string(i) +
                                        "] is not a parameter of the module; pass tensors "
                                        "from module->parameters()");
     }
@@ -195,8 +209,7 @@ TranslatedOptions translate_options(const FSDPOptions& options,
   } else if (options.process_group()) {
     root.process_group(options.process_group());
   }
-  const bool reshard = s == ShardingStrategy::FULL_SHARD || s == ShardingStrategy::HYBRID_SHARD;
-  root.reshard_after_forward(reshard);
+  root.reshard_after_forward(reshards_after_forward(s));
   root.all_gather_limit(options.limit_all_gathers() ? kLimitedAllGathers : kUnlimitedAllGathers);
   root.prefetch(true);
   root.forward_prefetch(options.forward_prefetch());
@@ -213,6 +226,58 @@ TranslatedOptions translate_options(const FSDPOptions& options,
     root.mp_policy(policy.cast_forward_inputs(mp->cast_root_forward_inputs()));
   }
   return {root, children};
+}
+
+// A CustomPolicy's overrides, checked against the root's options before any collective.
+void check_overrides(const std::vector<WrapTarget>& targets, const FSDPOptions& options,
+                     const std::string& at) {
+  const ShardingStrategy root_strategy = options.sharding_strategy();
+  std::optional<c10::ScalarType> root_buffer_dtype;
+  if (options.mixed_precision()) root_buffer_dtype = options.mixed_precision()->buffer_dtype();
+  for (const WrapTarget& t : targets) {
+    const FSDPUnitOptions& o = t.overrides;
+    const std::string unit = at + "CustomPolicy's options for '" + t.name + "': ";
+    if (o.sharding_strategy() &&
+        strategy_family(*o.sharding_strategy()) != strategy_family(root_strategy)) {
+      TDIST_THROW(InvalidArgument,
+                  unit + "sharding_strategy " + strategy_name(*o.sharding_strategy()) +
+                      " needs another mesh than the root's " + strategy_name(root_strategy) +
+                      "; every unit shards over the root's mesh, so a unit may only switch "
+                      "between FULL_SHARD and SHARD_GRAD_OP, or HYBRID_SHARD and "
+                      "HYBRID_SHARD_ZERO2");
+    }
+    if (o.mixed_precision() && o.mixed_precision()->buffer_dtype() &&
+        o.mixed_precision()->buffer_dtype() != root_buffer_dtype) {
+      TDIST_THROW(InvalidArgument, unit +
+                                       "a buffer_dtype other than the root's: buffers are "
+                                       "cast once, for the whole model; set buffer_dtype in "
+                                       "the FSDPOptions' mixed_precision");
+    }
+  }
+}
+
+// A unit's fully_shard options: the children's, with the CustomPolicy's overrides.
+FullyShardOptions unit_options(FullyShardOptions options, const FSDPUnitOptions& o) {
+  if (o.sharding_strategy())
+    options.reshard_after_forward(reshards_after_forward(*o.sharding_strategy()));
+  if (const auto& mp = o.mixed_precision()) {
+    options.mp_policy(MixedPrecisionPolicy()
+                          .param_dtype(mp->param_dtype())
+                          .reduce_dtype(mp->reduce_dtype())
+                          .cast_forward_inputs(mp->cast_forward_inputs()));
+  }
+  if (const auto& offload = o.cpu_offload()) {
+    options.offload_policy(offload->offload_params()
+                               ? OffloadPolicy(CPUOffloadPolicy(torch::cuda::is_available()))
+                               : OffloadPolicy());
+  }
+  return options;
+}
+
+std::vector<WrapTarget> plan_wrap(const std::shared_ptr<torch::nn::Module>& root,
+                                  const WrapPolicy& policy, const Ignored& ignored) {
+  if (policy.custom()) return plan_custom_wrap(root, *policy.custom(), ignored.modules);
+  return plan_auto_wrap(root, policy.callable(), ignored.modules, ignored.params);
 }
 
 // sync_module_states and buffer_dtype, on the parameters and buffers outside ignored modules.
@@ -260,16 +325,20 @@ FullyShardedBase::FullyShardedBase(std::shared_ptr<torch::nn::Module> module, FS
                                       "FullyShardedDataParallel); wrap it once");
   }
   const Ignored ignored = collect_ignored(*module_ptr_, options_, at);
+  const std::vector<WrapTarget> targets =
+      plan_wrap(module_ptr_, options_.auto_wrap_policy(), ignored);
+  check_overrides(targets, options_, at);
+  compute_device_ =
+      place_on_device(*module_ptr_, options_.device_id(), ignored.modules, ignored.params, at);
   mesh_ = mesh_for(options_, *module_ptr_);
   const TranslatedOptions translated = translate_options(options_, mesh_, ignored.param_list);
   shard_options_ = translated.root;
   prepare_module_states(*module_ptr_, options_, mesh_, ignored, at);
 
   // Bottom-up: the policy's submodules, then the root (Python's _recursive_wrap with
-  // only_wrap_children, then the outer wrapper).
-  for (const auto& target :
-       plan_auto_wrap(module_ptr_, options_.auto_wrap_policy(), ignored.modules, ignored.params)) {
-    fully_shard(target.module, translated.children);
+  // only_wrap_children, or _post_order_apply, then the outer wrapper).
+  for (const auto& target : targets) {
+    fully_shard(target.module, unit_options(translated.children, target.overrides));
     wrapped_names_.push_back(target.name);
   }
   root_ = fully_shard(module_ptr_, shard_options_);
