@@ -15,7 +15,7 @@ endfunction()
 # Note [Areas see only their own sources]: an area's private include directory holds one
 # entry, a link named <area> to src/<area>, so `#include "<area>/x.h"` works inside the area
 # and `#include "<other>/x.h"` fails to compile everywhere else. What areas share lives under
-# include/tdist/ (building blocks for engines in include/tdist/comm/engine/).
+# include/tdist/ (building blocks for engines in include/tdist/detail/comm/engine/).
 function(tdist_area_include_dir area out_var)
   set(_dir ${CMAKE_BINARY_DIR}/area_include/${area})
   if(NOT EXISTS ${_dir}/${area})
@@ -27,7 +27,8 @@ endfunction()
 
 # tdist_add_area(NAME <area> [NO_TORCH] [DEPS <areas...>] [LIBS <libs...>] [EXCLUDE <regex>]
 #                [REGISTERS <symbol>])
-# Builds src/<area>/*.cpp, but those matching EXCLUDE, into the static library tdist_<area>.
+# Builds src/<area>/*.cpp, but those matching EXCLUDE, into the library tdist_<area> (static,
+# or shared under BUILD_SHARED_LIBS).
 # An area without sources is skipped; one that depends on an area not built is a configure
 # error, naming both. The area's sources see the public headers and their own src/<area>/
 # only (Note [Areas see only their own sources]). NO_TORCH: the area's own sources never
@@ -44,8 +45,14 @@ function(tdist_add_area)
     return()
   endif()
   set(_target tdist_${ARG_NAME})
-  add_library(${_target} STATIC ${_sources})
+  add_library(${_target} ${_sources})
   add_library(tdist::${ARG_NAME} ALIAS ${_target})
+  # Note [Same objects, static or shared]: every object is position-independent already
+  # (CMAKE_POSITION_INDEPENDENT_CODE), and no header keys on a <target>_EXPORTS macro, so a
+  # shared build compiles exactly the commands of a static one and switching only relinks.
+  # Installed shared areas find each other and LibTorch through their RPATH.
+  set_target_properties(${_target} PROPERTIES DEFINE_SYMBOL "" INSTALL_RPATH "$ORIGIN"
+    INSTALL_RPATH_USE_LINK_PATH ON)
   tdist_area_include_dir(${ARG_NAME} _private_include)
   target_include_directories(${_target} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
@@ -66,23 +73,34 @@ function(tdist_add_area)
   endif()
   if(ARG_REGISTERS)
     target_link_options(${_target} INTERFACE "LINKER:--undefined=${ARG_REGISTERS}")
+    if(BUILD_SHARED_LIBS)
+      # Under --as-needed (Debian's gcc passes it by default) a shared library no object
+      # references is dropped, and an --undefined symbol is no reference: keep the engines.
+      target_link_options(${_target} INTERFACE "LINKER:--no-as-needed")
+    endif()
+    set_property(GLOBAL APPEND PROPERTY TDIST_REGISTRATION_ANCHORS ${ARG_REGISTERS})
   endif()
   set_property(GLOBAL APPEND PROPERTY TDIST_AREA_TARGETS ${_target})
 endfunction()
 
 # tdist_add_test(<name> SOURCES <files...> [LIBS <libs...>] [LABELS <labels...>]
-#                [TIMEOUT <seconds>] [ENV <k=v...>])
+#                [TIMEOUT <seconds>] [ENV <k=v...>] [NO_UNITY])
 # LIBS defaults to tdist (every area); name only the areas a test needs (e.g. tdist_comm),
 # so that work in progress in another area never breaks this test's build. Every test links
 # the default CPU engine (tdist_gloo); one that needs mpi or nccl names it.
 # One GoogleTest executable, registered with CTest as one test (its cases run in-process;
-# multi-process cases re-execute the binary, see tests/support/ranks.h).
+# multi-process cases re-execute the binary, see tests/support/ranks.h). NO_UNITY: each source
+# compiled alone (Note [Unity builds]), for tests whose files each keep their own file-local
+# helpers of the same names.
 function(tdist_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "NO_UNITY" "TIMEOUT" "SOURCES;LIBS;LABELS;ENV" ${ARGN})
   if(NOT ARG_LIBS)
     set(ARG_LIBS tdist)
   endif()
   add_executable(${name} ${ARG_SOURCES})
+  if(ARG_NO_UNITY)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD OFF)
+  endif()
   target_link_libraries(${name} PRIVATE tdist_test_support ${ARG_LIBS} tdist_gloo)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   tdist_use_pch(${name})

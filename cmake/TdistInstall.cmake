@@ -20,3 +20,6 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/tdistConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/tdistConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tdist COMPONENT development)
+
+# tdist.pc for pkg-config (Note [pkg-config file]): `pkg-config --cflags --libs tdist`.
+include(TdistPkgConfig)

@@ -35,17 +35,6 @@ PACKAGES=(
   nftables                # a namespace host cut off by dropping its packets (heartbeat test)
 )
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  echo "== installing: ${missing[*]}"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
-
 # Disk: a full build (every target, with compressed debug info) takes ~7 GiB and the PyTorch
 # wheel ~5 GiB; running out half-way fails at some link step with a bare "No space left on device".
 need_gib=8
@@ -65,12 +54,42 @@ fi
 # machines without a GPU).
 # safetensors: the Python side of the export tests (pt / safetensors files of `gpt export`).
 # transformers, tokenizers, sentencepiece: the oracles of the model families' parity tests
-# (tests/models), which make small random Hugging Face models and compare logits and files.
+# (tests/models), which make small random models and compare logits and files.
 PY_PACKAGES=("torch==$TORCH_PIN" numpy safetensors $(grep -v '^#' tools/python-requirements.txt))
-if ! .venv/bin/python tools/check-python-env.py "$TORCH_PIN" 2>/dev/null; then
+install_python_env() {
   echo "== installing PyTorch $TORCH_PIN and the test oracles into .venv/"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+}
+python_env_ready() { .venv/bin/python tools/check-python-env.py "$TORCH_PIN" 2>/dev/null; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "$@"
+}
+# The PyTorch download overlaps the Debian packages: python3 and its venv module go first, then
+# pip runs in the background while apt installs the rest (both mostly wait on the network).
+pip_pid=""
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  $SUDO apt-get update -q
+  apt_install python3 python3-venv
+fi
+if ! python_env_ready; then
+  install_python_env &
+  pip_pid=$!
+fi
+if ((${#missing[@]})); then
+  apt_install "${missing[@]}"
+fi
+if [ -n "$pip_pid" ] && ! wait "$pip_pid"; then
+  echo "error: installing PyTorch $TORCH_PIN into .venv/ failed (pip's messages above); PyPI" \
+       "must be reachable. Re-run tools/setup.sh to retry." >&2
+  exit 1
 fi
 
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
