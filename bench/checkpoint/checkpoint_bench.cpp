@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
   double dcp_save_w1 = -1, dcp_load_w1 = -1;
   for (int world : a.worlds) {
     const Timing td = measure(a, full, world, ckpt::CheckpointFormat::kTdist);
-    const Timing dc = measure(a, full, world, ckpt::CheckpointFormat::kDcp);
+    const Timing dc = measure(a, full, world, ckpt::CheckpointFormat::kDCP);
     wrong += td.wrong + dc.wrong;
     const struct {
       const char* op;

@@ -16,8 +16,8 @@
 #include <ATen/ATen.h>
 
 #include "tdist/checkpoint/coordinator.h"
+#include "tdist/detail/util/sharded_tensor.h"
 #include "tdist/store/hash_store.h"
-#include "tdist/util/sharded_tensor.h"
 
 namespace bench {
 

@@ -252,10 +252,11 @@ int child(const Config& cfg, int rank, const std::string& dir) {
   const int n = cfg.world;
   auto store =
       std::make_shared<tdist::FileStore>(dir + "/tdist_store", -1, std::chrono::seconds(60));
-  auto options = tdist::gloo_options_from_env();
+  auto options = tdist::gloo::gloo_options_from_env();
   if (options.interfaces().empty()) options.hostname("127.0.0.1");
   TdistImpl mine;
-  mine.b = std::make_shared<tdist::GlooBackend>(store, rank, n, std::chrono::seconds(300), options);
+  mine.b = std::make_shared<tdist::gloo::GlooBackend>(store, rank, n, std::chrono::seconds(300),
+                                                      options);
   TdistImpl symm;
   symm.b = mine.b;
   symm.symmetric = cfg.symmetric && options.shared_memory();
@@ -317,10 +318,11 @@ int child_mpi(const Config& cfg, const std::string& dir) {
   const int n = tdist::mpi::world_size();
   auto store =
       std::make_shared<tdist::FileStore>(dir + "/tdist_store", -1, std::chrono::seconds(60));
-  auto options = tdist::gloo_options_from_env();
+  auto options = tdist::gloo::gloo_options_from_env();
   if (options.interfaces().empty()) options.hostname("127.0.0.1");
   TdistImpl gloo;
-  gloo.b = std::make_shared<tdist::GlooBackend>(store, rank, n, std::chrono::seconds(300), options);
+  gloo.b = std::make_shared<tdist::gloo::GlooBackend>(store, rank, n, std::chrono::seconds(300),
+                                                      options);
   TdistImpl mpi;
   mpi.label = "mpi";
   mpi.b = std::make_shared<tdist::mpi::MPIBackend>(nullptr, rank, n, std::chrono::seconds(300));
@@ -463,7 +465,7 @@ std::map<std::pair<std::string, int64_t>, Row> read_rows(const std::string& path
 int print_table(const Config& cfg, const std::string& dir) {
   const auto mine = read_rows(dir + "/tdist.tsv");
   const auto theirs = read_rows(dir + "/c10d.tsv");
-  const auto options = tdist::gloo_options_from_env();
+  const auto options = tdist::gloo::gloo_options_from_env();
   std::printf(
       "# world %d, float32, loopback; tdist channels %d, segment %zu KiB; c10d: PyTorch %s's "
       "ProcessGroupGloo%s; times are the max over ranks of the mean per iteration, best of %d "

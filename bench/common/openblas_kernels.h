@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tdist/util/openblas_core.h"
+#include "tdist/detail/util/openblas_core.h"
 
 namespace bench_common {
 

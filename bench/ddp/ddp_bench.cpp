@@ -57,8 +57,8 @@ struct Result {
 };
 
 /// Times warmup+steps iterations; `ddp` may be null (single process).
-Result train(const Config& c, torch::nn::Sequential model, tdist::ddp::DistributedDataParallel* ddp,
-             int rank) {
+Result train(const Config& c, torch::nn::Sequential model,
+             tdist::ddp::DistributedDataParallel<torch::nn::Sequential>* ddp, int rank) {
   torch::optim::SGD opt(model->parameters(), 0.01);
   torch::manual_seed(1 + rank);
   auto x = torch::randn({c.batch, c.width}), y = torch::randn({c.batch, c.width});
@@ -69,7 +69,7 @@ Result train(const Config& c, torch::nn::Sequential model, tdist::ddp::Distribut
       start = std::chrono::steady_clock::now();
     }
     opt.zero_grad();
-    at::Tensor out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
+    at::Tensor out = ddp ? ddp->forward(x) : model->forward(x);
     torch::mse_loss(out, y).backward();
     opt.step();
   }
@@ -98,7 +98,7 @@ int run_rank() {
   torch::set_num_threads(c.threads);
   tdist::init_process_group(tdist::InitProcessGroupOptions().backend("gloo"));
   auto model = make_model(c);
-  tdist::ddp::DistributedDataParallel ddp(model);
+  tdist::ddp::DistributedDataParallel<torch::nn::Sequential> ddp(model);
   const Result r = train(c, model, &ddp, tdist::get_rank());
   std::ofstream(std::getenv("BENCH_RESULT"))
       << r.step_ms << " " << std::setprecision(17) << r.checksum << "\n";

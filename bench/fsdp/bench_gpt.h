@@ -73,7 +73,7 @@ inline GPT build_gpt(const GPTConfig& c, const std::function<void(const GPT&)>& 
 }
 
 #ifdef TDIST_BENCH_HAVE_DDP
-using DDP = tdist::ddp::DistributedDataParallel;
+using DDP = tdist::ddp::DistributedDataParallel<GPT>;
 #else
 struct DDP {};  // a build without tdist_ddp never makes one
 #endif
@@ -86,7 +86,7 @@ inline torch::Tensor train_step(GPT& model, DDP* ddp, torch::optim::Optimizer& o
   opt.zero_grad();
   torch::Tensor logits;
 #ifdef TDIST_BENCH_HAVE_DDP
-  if (ddp) logits = ddp->forward([&] { return model->forward(x); });
+  if (ddp) logits = ddp->forward(x);
 #endif
   if (!logits.defined()) logits = tdist::fsdp::forward(model, x);
   auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), y.reshape({-1}));

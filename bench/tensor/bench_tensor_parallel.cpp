@@ -61,9 +61,8 @@ int main(int argc, char** argv) {
   const auto& c = model->config();
   torch::manual_seed(7);
   const torch::Tensor ids = torch::randint(0, c.vocab_size, {batch, seq});
-  // The token after each position (transformers' labels=ids); the last has none.
-  const torch::Tensor targets =
-      torch::cat({ids.narrow(1, 1, seq - 1), torch::full({batch, 1}, -100, ids.options())}, 1);
+  // transformers' labels=ids: the token after each position; the last has none.
+  const torch::Tensor targets = tdist::models::next_token_targets(ids);
 
   std::vector<double> step_ms;
   double sent = 0;

@@ -1,7 +1,7 @@
 #include "gpt/autocast.h"
 
 #include <ATen/autocast_mode.h>
-#include "tdist/util/torch_compat.h"
+#include "tdist/detail/util/torch_compat.h"
 
 namespace gpt {
 

@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/models/pretrained.h"
-#include "tdist/util/torch_compat.h"
 #ifdef TDIST_GPT_WITH_CHECKPOINT
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/module_state.h"

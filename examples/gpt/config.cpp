@@ -16,11 +16,11 @@ std::string to_string(ParallelMode mode) {
       return "auto";
     case ParallelMode::kSingle:
       return "single";
-    case ParallelMode::kDdp:
+    case ParallelMode::kDDP:
       return "ddp";
-    case ParallelMode::kFsdp:
+    case ParallelMode::kFSDP:
       return "fsdp";
-    case ParallelMode::kHsdp:
+    case ParallelMode::kHSDP:
       return "hsdp";
   }
   return "?";
@@ -29,9 +29,9 @@ std::string to_string(ParallelMode mode) {
 ParallelMode parse_parallel_mode(const std::string& text) {
   if (text == "auto") return ParallelMode::kAuto;
   if (text == "single") return ParallelMode::kSingle;
-  if (text == "ddp") return ParallelMode::kDdp;
-  if (text == "fsdp") return ParallelMode::kFsdp;
-  if (text == "hsdp") return ParallelMode::kHsdp;
+  if (text == "ddp") return ParallelMode::kDDP;
+  if (text == "fsdp") return ParallelMode::kFSDP;
+  if (text == "hsdp") return ParallelMode::kHSDP;
   TDIST_THROW(tdist::InvalidArgument,
               "--mode must be one of auto, single, ddp, fsdp, hsdp; got '" + text + "'");
 }

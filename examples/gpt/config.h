@@ -19,9 +19,9 @@ namespace gpt {
 enum class ParallelMode {
   kAuto,    ///< single with one rank; FSDP with several when built, else DDP
   kSingle,  ///< one process, no communication
-  kDdp,     ///< replicated model, gradients all-reduced (tdist::ddp)
-  kFsdp,    ///< parameters, gradients and optimizer state sharded (tdist::fsdp)
-  kHsdp,    ///< sharded within each of --replicas groups, replicated across them (HSDP)
+  kDDP,     ///< replicated model, gradients all-reduced (tdist::ddp)
+  kFSDP,    ///< parameters, gradients and optimizer state sharded (tdist::fsdp)
+  kHSDP,    ///< sharded within each of --replicas groups, replicated across them (HSDP)
 };
 std::string to_string(ParallelMode mode);
 /// "auto", "single", "ddp", "fsdp", "hsdp"; throws tdist::InvalidArgument otherwise.

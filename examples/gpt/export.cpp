@@ -54,7 +54,7 @@ std::vector<std::string> export_run(const ExportConfig& config) {
     // A directory with the model's state as "model.<fqn>", like dcp.save({"model": sd}).
     ckpt::save_module(*model, nullptr, {}, out.string(),
                       ckpt::SaveOptions()
-                          .format(ckpt::CheckpointFormat::kDcp)
+                          .format(ckpt::CheckpointFormat::kDCP)
                           .overwrite(true)
                           .coordinator(std::make_shared<ckpt::LocalCoordinator>()));
   } else if (config.format == "pt") {

@@ -12,11 +12,11 @@
 #include "tdist/ddp/distributed_data_parallel.h"
 #endif
 #ifdef TDIST_GPT_WITH_FSDP
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/fsdp/clip_grad.h"
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
-#include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/trace.h"
 #include "tdist/models/tensor_parallel.h"
 #include "tdist/optim/clip_grad.h"
@@ -72,17 +72,16 @@ class SingleParallel : public Parallel {
 
 #if defined(TDIST_GPT_WITH_DDP)
 // tdist::ddp: replicated model, gradients all-reduced in buckets during backward.
-class DdpParallel : public SingleParallel {
+class DDPParallel : public SingleParallel {
  public:
-  explicit DdpParallel(Model model)
+  explicit DDPParallel(Model model)
       : SingleParallel(std::move(model)),
-        ddp_(std::make_unique<tdist::ddp::DistributedDataParallel>(
-            std::static_pointer_cast<torch::nn::Module>(model_))) {}
+        ddp_(std::make_unique<tdist::ddp::DistributedDataParallel<Model>>(model_)) {}
   std::string name() const override { return "ddp"; }
   torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool sync) override {
     no_sync_.reset();
     if (!sync) no_sync_.emplace(ddp_.get());  // held until this micro-step's backward
-    return ddp_->forward([&] { return model_->next_token_loss(x, y); });
+    return ddp_->forward_method(&tdist::models::CausalLM::next_token_loss, x, y);
   }
   // Evaluation calls the module directly: DDP's pre-forward would arm the reducer for a
   // backward that never comes.
@@ -92,15 +91,15 @@ class DdpParallel : public SingleParallel {
   }
 
  private:
-  std::unique_ptr<tdist::ddp::DistributedDataParallel> ddp_;
-  std::optional<tdist::ddp::DistributedDataParallel::NoSyncGuard> no_sync_;
+  std::unique_ptr<tdist::ddp::DistributedDataParallel<Model>> ddp_;
+  std::optional<tdist::ddp::DistributedDataParallel<Model>::NoSync> no_sync_;
 };
 #elif defined(TDIST_GPT_WITH_COMM)
 // Without tdist::ddp in the build: the same averaging as one all-reduce of all gradients
 // after the last micro-step's backward (no overlap with backward).
-class DdpParallel : public SingleParallel {
+class DDPParallel : public SingleParallel {
  public:
-  DdpParallel(Model model, const World& world, Tracer& tracer)
+  DDPParallel(Model model, const World& world, Tracer& tracer)
       : SingleParallel(std::move(model)), world_(world), tracer_(tracer) {
     torch::NoGradGuard no_grad;
     for (auto& p : model_->parameters()) tdist::broadcast(p.data(), 0);
@@ -194,7 +193,7 @@ class FsdpParallel : public Parallel {
     return tdist::fsdp::clip_grad_norm_(*model_, max_norm);
   }
   tdist::ShardedStateDict parameter_slices() override {
-    // Note [Dim-0 padding] (tdist/fsdp/shard_layout.h): shard rank r owns rows
+    // Note [Dim-0 padding] (tdist/detail/fsdp/shard_layout.h): shard rank r owns rows
     // [row_offset, row_offset + local_rows) of each parameter. HSDP's replicas describe the
     // same slices; the checkpoint writes each once. Under tensor parallelism FSDP shards this
     // rank's tensor-parallel part, whose offset in the whole tensor comes first.
@@ -252,9 +251,9 @@ ParallelMode resolve_mode(ParallelMode requested, const World& world) {
   if (requested == ParallelMode::kAuto) {
     if (!world.distributed()) return ParallelMode::kSingle;
 #ifdef TDIST_GPT_WITH_FSDP
-    return ParallelMode::kFsdp;
+    return ParallelMode::kFSDP;
 #else
-    return ParallelMode::kDdp;
+    return ParallelMode::kDDP;
 #endif
   }
   if (requested == ParallelMode::kSingle && world.distributed()) {
@@ -262,13 +261,13 @@ ParallelMode resolve_mode(ParallelMode requested, const World& world) {
                 "--mode single needs one rank, but WORLD_SIZE=" + std::to_string(world.world_size) +
                     "; use --nproc 1 (or --mode ddp / fsdp)");
   }
-  if (requested == ParallelMode::kHsdp && !world.distributed()) {
+  if (requested == ParallelMode::kHSDP && !world.distributed()) {
     TDIST_THROW(tdist::InvalidArgument,
                 "--mode hsdp needs several ranks (replica groups of shards); use --nproc 4 or "
                 "--mode single");
   }
 #ifndef TDIST_GPT_WITH_FSDP
-  if (requested == ParallelMode::kFsdp || requested == ParallelMode::kHsdp) {
+  if (requested == ParallelMode::kFSDP || requested == ParallelMode::kHSDP) {
     TDIST_THROW(tdist::InvalidArgument,
                 "--mode fsdp: this gpt was built without tdist::fsdp; use --mode ddp, or rebuild "
                 "with the fsdp area (-DTDIST_GPT_WITH_FSDP=ON)");
@@ -320,7 +319,7 @@ std::unique_ptr<Parallel> make_parallel(ParallelMode mode, Model model, const Wo
                                         const std::function<void(Model&)>& materialize_fn) {
   (void)tracer;
   const bool cpu_offload = options.cpu_offload;
-  const bool sharded = mode == ParallelMode::kFsdp || mode == ParallelMode::kHsdp;
+  const bool sharded = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP;
   if (!sharded && materialize_fn) materialize_fn(model);
   TDIST_CHECK_ARG(!cpu_offload || sharded, "--cpu-offload needs --mode fsdp or hsdp (got " +
                                                to_string(mode) +
@@ -328,17 +327,17 @@ std::unique_ptr<Parallel> make_parallel(ParallelMode mode, Model model, const Wo
   switch (mode) {
     case ParallelMode::kSingle:
       return std::make_unique<SingleParallel>(std::move(model));
-    case ParallelMode::kDdp:
+    case ParallelMode::kDDP:
       if (!world.distributed()) return std::make_unique<SingleParallel>(std::move(model));
 #if defined(TDIST_GPT_WITH_DDP)
-      return std::make_unique<DdpParallel>(std::move(model));
+      return std::make_unique<DDPParallel>(std::move(model));
 #elif defined(TDIST_GPT_WITH_COMM)
-      return std::make_unique<DdpParallel>(std::move(model), world, tracer);
+      return std::make_unique<DDPParallel>(std::move(model), world, tracer);
 #else
       TDIST_THROW(tdist::InvalidArgument, "--mode ddp needs tdist::comm in this build");
 #endif
-    case ParallelMode::kFsdp:
-    case ParallelMode::kHsdp:
+    case ParallelMode::kFSDP:
+    case ParallelMode::kHSDP:
 #ifdef TDIST_GPT_WITH_FSDP
       return std::make_unique<FsdpParallel>(std::move(model), world, tracer, options,
                                             materialize_fn);

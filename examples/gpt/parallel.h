@@ -13,9 +13,9 @@
 #include "gpt/config.h"
 #include "gpt/trace.h"
 #include "gpt/world.h"
+#include "tdist/detail/util/sharded_tensor.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/models/causal_lm.h"
-#include "tdist/util/sharded_tensor.h"
 
 namespace gpt {
 

@@ -271,7 +271,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   TrainResult result;
   // --cpu-offload shards even one rank's model (FSDP at world 1).
   const ParallelMode mode = resolve_mode(
-      c.cpu_offload && c.mode == ParallelMode::kAuto ? ParallelMode::kFsdp : c.mode, world);
+      c.cpu_offload && c.mode == ParallelMode::kAuto ? ParallelMode::kFSDP : c.mode, world);
   result.mode = to_string(mode);
 
   // Outputs.
@@ -297,7 +297,7 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
                       std::to_string(c.val_fraction) + "; use more data or a smaller --block-size");
   // --tp: the tp ranks of one model replica read the same batches, so the data is split over
   // the world / tp replicas (the mesh (dp, tp) is row-major: dp rank = rank / tp).
-  TDIST_CHECK_ARG(c.tp == 1 || (mode == ParallelMode::kFsdp && world.world_size % c.tp == 0),
+  TDIST_CHECK_ARG(c.tp == 1 || (mode == ParallelMode::kFSDP && world.world_size % c.tp == 0),
                   "--tp " + std::to_string(c.tp) + " needs --mode fsdp (got " + to_string(mode) +
                       ") and a world size it divides (got " + std::to_string(world.world_size) +
                       ")");
@@ -314,10 +314,10 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
   // Model: pretraining builds it on the meta device and initialises it from per-module seeds
   // (after sharding under FSDP, so each rank allocates only its shards); fine-tuning loads
   // the folder (straight into shards under FSDP).
-  const bool fsdp = mode == ParallelMode::kFsdp || mode == ParallelMode::kHsdp;
+  const bool fsdp = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP;
   const ParallelOptions parallel_options{
       c.cpu_offload, fsdp && c.mixed_precision == "bf16",
-      mode == ParallelMode::kHsdp ? resolve_replicas(c.replicas, world) : 1, c.tp};
+      mode == ParallelMode::kHSDP ? resolve_replicas(c.replicas, world) : 1, c.tp};
   if (fsdp) ensure_process_group(world);
   Model model;
   std::function<void(Model&)> materialize_fn;

@@ -13,9 +13,19 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
 #include "tdist/comm/launch_environment.h"
+#include "tdist/comm/rank_agreement.h"
 #include "tdist/comm/object_collectives.h"
 #include "tdist/comm/split_group.h"
 #include "tdist/comm/symmetric_memory.h"
+#include "tdist/gloo/gloo_backend.h"
+// The MPI and NCCL backends exist when the build found OpenMPI / a CUDA LibTorch with NCCL;
+// tdist::tdist's usage requirements (and tdist.pc) then define these macros.
+#ifdef TDIST_HAVE_MPI
+#include "tdist/mpi/mpi_backend.h"
+#endif
+#ifdef TDIST_HAVE_NCCL
+#include "tdist/nccl/nccl_backend.h"
+#endif
 #include "tdist/optim/adam.h"
 #include "tdist/optim/clip_grad.h"
 #include "tdist/optim/implementation.h"
@@ -40,11 +50,21 @@
 #include "tdist/checkpoint/checkpoint.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/module_state.h"
+#include "tdist/checkpoint/optimizer_param_groups.h"
 #include "tdist/checkpoint/sharded_safetensors.h"
 #include "tdist/checkpoint/safetensors_file.h"
 #include "tdist/models/config.h"
+#include "tdist/models/generation.h"
 #include "tdist/models/gpt2.h"
 #include "tdist/models/llama.h"
 #include "tdist/models/pretrained.h"
 #include "tdist/models/rotary.h"
 #include "tdist/models/tensor_parallel.h"
+#include "tdist/models/tokenizer.h"
+// The launcher's library (tdistrun is a thin main over it).
+#include "tdist/launch/elastic_agent.h"
+#include "tdist/launch/launch_config.h"
+#include "tdist/launch/launcher.h"
+#include "tdist/launch/rendezvous.h"
+#include "tdist/launch/worker_group.h"
+#include "tdist/launch/worker_output.h"

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist::checkpoint::detail {
 

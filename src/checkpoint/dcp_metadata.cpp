@@ -24,7 +24,7 @@ const std::string kParamGroupsPrefix = "optim.param_groups.";
 
 constexpr const char* kMetadataModule = "torch.distributed.checkpoint.metadata";
 constexpr const char* kFilesystemModule = "torch.distributed.checkpoint.filesystem";
-constexpr const char* kDcpVersion = "1.0.0";  // FileSystemWriter's CURRENT_DCP_VERSION
+constexpr const char* kDCPVersion = "1.0.0";  // FileSystemWriter's CURRENT_DCP_VERSION
 
 struct DtypeSpelling {
   const char* tdist;
@@ -270,14 +270,14 @@ class MetadataDecoder {
     }
     index_storage(require(root->get("storage_data"), Kind::kDict, "storage_data"));
     CheckpointMetadata out;
-    out.format = CheckpointFormat::kDcp;
+    out.format = CheckpointFormat::kDCP;
     for (const auto& [key, md] :
          require(root->get("state_dict_metadata"), Kind::kDict, "state_dict_metadata").entries) {
       const std::string name = require(key, Kind::kStr, "a state_dict_metadata key").text;
       if (is_class(md, "TensorStorageMetadata")) {
         out.tensors[name] = tensor_info(name, md);
       } else if (is_class(md, "BytesStorageMetadata")) {
-        if (name == kDcpExtraStateKey) {
+        if (name == kDCPExtraStateKey) {
           extra_state_ = find_storage(name, nullptr);
         } else if (name.compare(0, kParamGroupsPrefix.size(), kParamGroupsPrefix) == 0) {
           param_group_values_.push_back({name, find_storage(name, nullptr)});
@@ -290,8 +290,8 @@ class MetadataDecoder {
     return out;
   }
 
-  const std::optional<DcpByteEntry>& extra_state() const { return extra_state_; }
-  const std::vector<DcpObjectEntry>& param_group_values() const { return param_group_values_; }
+  const std::optional<DCPByteEntry>& extra_state() const { return extra_state_; }
+  const std::vector<DCPObjectEntry>& param_group_values() const { return param_group_values_; }
 
  private:
   void index_storage(const PyValue& storage) {
@@ -311,7 +311,7 @@ class MetadataDecoder {
                         "' was saved through storage transforms (extensions such as compression), "
                         "which tdist does not read; save without extensions");
       }
-      DcpByteEntry entry{require(info->get("relative_path"), Kind::kStr, "relative_path").text,
+      DCPByteEntry entry{require(info->get("relative_path"), Kind::kStr, "relative_path").text,
                          require(info->get("offset"), Kind::kInt, "offset").integer,
                          require(info->get("length"), Kind::kInt, "length").integer};
       if (entry.offset < 0 || entry.length < 0) {
@@ -321,7 +321,7 @@ class MetadataDecoder {
     }
   }
 
-  DcpByteEntry find_storage(const std::string& fqn, const std::vector<int64_t>* offsets) {
+  DCPByteEntry find_storage(const std::string& fqn, const std::vector<int64_t>* offsets) {
     auto it = storage_.find({fqn, offsets ? *offsets : std::vector<int64_t>{-1}});
     if (it == storage_.end()) fail("no storage entry for a chunk of '" + fqn + "'");
     files_.insert(it->second.file);
@@ -349,7 +349,7 @@ class MetadataDecoder {
         }
       }
       if (numel == 0) continue;  // an empty shard has nothing to read
-      const DcpByteEntry where = find_storage(name, &c.offsets);
+      const DCPByteEntry where = find_storage(name, &c.offsets);
       c.file = where.file;
       c.byte_offset = where.offset;
       c.byte_length = where.length;
@@ -370,14 +370,14 @@ class MetadataDecoder {
   }
 
   std::string dir_, path_;
-  std::map<std::pair<std::string, std::vector<int64_t>>, DcpByteEntry> storage_;
+  std::map<std::pair<std::string, std::vector<int64_t>>, DCPByteEntry> storage_;
   std::set<std::string> files_;
-  std::optional<DcpByteEntry> extra_state_;
-  std::vector<DcpObjectEntry> param_group_values_;
+  std::optional<DCPByteEntry> extra_state_;
+  std::vector<DCPObjectEntry> param_group_values_;
 };
 
 /// The ExtraState list tdist stored beside the tensors.
-std::vector<ExtraState> read_extra_state(const std::string& dir, const DcpByteEntry& entry) {
+std::vector<ExtraState> read_extra_state(const std::string& dir, const DCPByteEntry& entry) {
   const std::string path = (fs::path(dir) / entry.file).string();
   InputFile in(path);
   if (entry.offset < 0 || entry.length < 0 || entry.offset + entry.length > in.size()) {
@@ -423,7 +423,7 @@ std::optional<nlohmann::json> json_of(const c10::IValue& v) {
 
 /// Python's param groups from their flattened entries ("optim.param_groups.<i>.<key>").
 nlohmann::json read_param_groups(const std::string& dir,
-                                 const std::vector<DcpObjectEntry>& entries) {
+                                 const std::vector<DCPObjectEntry>& entries) {
   std::map<size_t, nlohmann::json> groups;
   for (const auto& [name, where] : entries) {
     const std::string rest = name.substr(kParamGroupsPrefix.size());
@@ -525,8 +525,8 @@ std::vector<std::pair<std::string, c10::IValue>> dcp_param_group_values(
 }
 
 std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
-                                const std::optional<DcpByteEntry>& extra_state,
-                                const std::vector<DcpObjectEntry>& objects,
+                                const std::optional<DCPByteEntry>& extra_state,
+                                const std::vector<DCPObjectEntry>& objects,
                                 const std::string& checkpoint_id, const std::string& save_id) {
   PickleWriter w;
   w.begin_object(kMetadataModule, "Metadata");
@@ -539,7 +539,7 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
     write_tensor_metadata(w, info);
   }
   if (extra_state) {
-    w.str(kDcpExtraStateKey);
+    w.str(kDCPExtraStateKey);
     write_empty_object(w, "BytesStorageMetadata");
   }
   for (const auto& o : objects) {
@@ -559,9 +559,9 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
     w.end_tuple();
   }
   if (extra_state) {
-    w.str(kDcpExtraStateKey);
+    w.str(kDCPExtraStateKey);
     w.begin_tuple();
-    w.str(kDcpExtraStateKey);
+    w.str(kDCPExtraStateKey);
     w.end_tuple();
   }
   for (const auto& o : objects) {  // ("optim", "param_groups", <i>, <key>): the index an int
@@ -587,7 +587,7 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
     }
   }
   if (extra_state) {
-    write_index(w, kDcpExtraStateKey, nullptr, -1);
+    write_index(w, kDCPExtraStateKey, nullptr, -1);
     write_storage_info(w, extra_state->file, extra_state->offset, extra_state->length);
   }
   for (const auto& o : objects) {
@@ -599,7 +599,7 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
   w.str("storage_meta");
   write_storage_meta(w, checkpoint_id, save_id);
   w.str("version");
-  w.str(kDcpVersion);
+  w.str(kDCPVersion);
 
   w.end_dict();
   w.end_object();
@@ -607,7 +607,7 @@ std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
 }
 
 CheckpointMetadata read_dcp_metadata(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kDcpMetadataFile).string();
+  const std::string path = (fs::path(dir) / kDCPMetadataFile).string();
   const PyRef root = unpickle(read_whole_file(path), allowed_global, path);
   MetadataDecoder decoder(dir, path);
   CheckpointMetadata metadata = decoder.decode(root);

@@ -19,19 +19,19 @@ namespace tdist::checkpoint::detail {
 
 /// The entry (BytesStorageMetadata) holding every saving rank's ExtraState as one JSON
 /// array, torch.save'd as a string; Python sees it as one more key and ignores it.
-constexpr const char* kDcpExtraStateKey = "tdist.extra_state";
+constexpr const char* kDCPExtraStateKey = "tdist.extra_state";
 
 /// Where a byte entry lies in the checkpoint's files.
-struct DcpByteEntry {
+struct DCPByteEntry {
   std::string file;
   int64_t offset = 0;
   int64_t length = 0;
 };
 
 /// A non-tensor value of the state dict (BytesStorageMetadata: a torch.save of it).
-struct DcpObjectEntry {
+struct DCPObjectEntry {
   std::string name;  // flattened, as Python's flatten_state_dict names it
-  DcpByteEntry where;
+  DCPByteEntry where;
 };
 
 /// Python's flattening of optimizer param groups (ExtraState::optimizer_param_groups): one
@@ -44,8 +44,8 @@ std::vector<std::pair<std::string, c10::IValue>> dcp_param_group_values(
 /// the extra-state entry when given and `objects` (param groups). `checkpoint_id` and
 /// `save_id` go to StorageMeta.
 std::string encode_dcp_metadata(const CheckpointMetadata& metadata,
-                                const std::optional<DcpByteEntry>& extra_state,
-                                const std::vector<DcpObjectEntry>& objects,
+                                const std::optional<DCPByteEntry>& extra_state,
+                                const std::vector<DCPObjectEntry>& objects,
                                 const std::string& checkpoint_id, const std::string& save_id);
 
 /// Reads <dir>/.metadata (and the extra-state entry when present). A checkpoint Python

@@ -5,8 +5,8 @@
 #include <ATen/ops/empty.h>
 
 #include "checkpoint/metadata_codec.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::checkpoint {
 

@@ -14,8 +14,8 @@
 #include "checkpoint/torch_blob.h"
 #include "checkpoint/zip_check.h"
 #include "tdist/checkpoint/checkpoint.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist::checkpoint {
 namespace {
@@ -75,7 +75,7 @@ int64_t copy_overlap(const std::string& name, const TensorInfo& info, const Chun
   const Box common = detail::intersect(saved, target);
   if (common.numel() == 0) return 0;
   at::Tensor keep_alive;
-  const at::Tensor source = format == CheckpointFormat::kDcp
+  const at::Tensor source = format == CheckpointFormat::kDCP
                                 ? read_torch_saved(name, chunk, saved, common, reader)
                                 : read_raw(name, info, chunk, saved, common, reader, &keep_alive);
   at::Tensor dest = local;
@@ -189,7 +189,7 @@ VerifyReport verify(const std::string& dir, bool read_data) {
   if (is_partial_dir_name(base)) {
     return {CheckpointStatus::kIncomplete, "'" + dir + "' is a save that never committed"};
   }
-  if (!fs::exists(fs::path(dir) / kMetadataFile) && !fs::exists(fs::path(dir) / kDcpMetadataFile)) {
+  if (!fs::exists(fs::path(dir) / kMetadataFile) && !fs::exists(fs::path(dir) / kDCPMetadataFile)) {
     return {CheckpointStatus::kIncomplete,
             "'" + dir + "' has no " + kMetadataFile + ": its save never committed"};
   }
@@ -208,7 +208,7 @@ VerifyReport verify(const std::string& dir, bool read_data) {
           return {CheckpointStatus::kCorrupt, "metadata of '" + dir + "': a chunk of '" + name +
                                                   "' points outside file '" + c.file + "'"};
         }
-        if (read_data && metadata.format == CheckpointFormat::kDcp) {
+        if (read_data && metadata.format == CheckpointFormat::kDCP) {
           const Box box{c.offsets, c.sizes};
           read_torch_saved(name, c, box, box, reader);  // checks its records' CRC-32
         }

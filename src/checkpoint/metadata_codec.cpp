@@ -168,7 +168,7 @@ CheckpointMetadata decode_metadata(const std::string& bytes, const std::string& 
 }  // namespace detail
 
 std::string to_string(CheckpointFormat format) {
-  return format == CheckpointFormat::kDcp ? "dcp" : "tdist";
+  return format == CheckpointFormat::kDCP ? "dcp" : "tdist";
 }
 
 CheckpointMetadata read_metadata(const std::string& dir) {
@@ -176,11 +176,11 @@ CheckpointMetadata read_metadata(const std::string& dir) {
   if (std::filesystem::exists(path)) {
     return detail::decode_metadata(detail::read_whole_file(path), path);
   }
-  if (std::filesystem::exists(std::filesystem::path(dir) / kDcpMetadataFile)) {
+  if (std::filesystem::exists(std::filesystem::path(dir) / kDCPMetadataFile)) {
     return detail::read_dcp_metadata(dir);
   }
   TDIST_THROW(CheckpointError, "checkpoint: no '" + std::string(kMetadataFile) + "' (tdist) or '" +
-                                   kDcpMetadataFile + "' (torch.distributed.checkpoint) in '" +
+                                   kDCPMetadataFile + "' (torch.distributed.checkpoint) in '" +
                                    dir + "': not a checkpoint, or its save never committed");
 }
 

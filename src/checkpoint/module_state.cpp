@@ -9,9 +9,9 @@
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/optimizer_param_groups.h"
 #include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/detail/util/optimizer_state.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/state_dict.h"
-#include "tdist/util/optimizer_state.h"
 
 namespace tdist::checkpoint {
 
@@ -196,16 +196,18 @@ LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optim
   return result;
 }
 
-void save_module(const ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
-                 const ExtraState& extra, const std::string& dir, const SaveOptions& options) {
-  TDIST_CHECK_ARG(ddp.module() != nullptr, "save_module: the DDP wrapper holds no module");
-  save_module(*ddp.module(), optimizer, extra, dir, options);
+void save_module(const ddp::detail::DistributedDataParallelBase& ddp,
+                 torch::optim::Optimizer* optimizer, const ExtraState& extra,
+                 const std::string& dir, const SaveOptions& options) {
+  TDIST_CHECK_ARG(ddp.module_base() != nullptr, "save_module: the DDP wrapper holds no module");
+  save_module(*ddp.module_base(), optimizer, extra, dir, options);
 }
 
-LoadResult load_module(ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
-                       const std::string& dir, const LoadOptions& options) {
-  TDIST_CHECK_ARG(ddp.module() != nullptr, "load_module: the DDP wrapper holds no module");
-  return load_module(*ddp.module(), optimizer, dir, options);
+LoadResult load_module(ddp::detail::DistributedDataParallelBase& ddp,
+                       torch::optim::Optimizer* optimizer, const std::string& dir,
+                       const LoadOptions& options) {
+  TDIST_CHECK_ARG(ddp.module_base() != nullptr, "load_module: the DDP wrapper holds no module");
+  return load_module(*ddp.module_base(), optimizer, dir, options);
 }
 
 std::string save_module(CheckpointManager& manager, int64_t step, const torch::nn::Module& module,

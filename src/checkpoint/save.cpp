@@ -237,13 +237,13 @@ std::pair<const char*, std::string> encode_for_format(const CheckpointMetadata& 
   if (metadata.format == CheckpointFormat::kTdist) {
     return {kMetadataFile, detail::encode_metadata(metadata)};
   }
-  std::optional<detail::DcpByteEntry> extra;
+  std::optional<detail::DCPByteEntry> extra;
   if (rank0_write.contains("extra_state")) {
     const auto& e = rank0_write.at("extra_state");
-    extra = detail::DcpByteEntry{e.at("file").get<std::string>(), e.at("offset").get<int64_t>(),
+    extra = detail::DCPByteEntry{e.at("file").get<std::string>(), e.at("offset").get<int64_t>(),
                                  e.at("length").get<int64_t>()};
   }
-  std::vector<detail::DcpObjectEntry> objects;
+  std::vector<detail::DCPObjectEntry> objects;
   if (rank0_write.contains("objects")) {
     for (const auto& o : rank0_write.at("objects")) {
       objects.push_back({o.at("name").get<std::string>(),
@@ -251,7 +251,7 @@ std::pair<const char*, std::string> encode_for_format(const CheckpointMetadata& 
                           o.at("length").get<int64_t>()}});
     }
   }
-  return {kDcpMetadataFile,
+  return {kDCPMetadataFile,
           detail::encode_dcp_metadata(metadata, extra, objects, final_dir, token)};
 }
 
@@ -408,7 +408,7 @@ void detail::save_or_report_failure(const ShardedStateDict& state, const ExtraSt
   Report write_report;
   try {
     write_report.payload =
-        options.format() == CheckpointFormat::kDcp
+        options.format() == CheckpointFormat::kDCP
             ? write_dcp_rank_file(state, plan, plans, rank, partial, options, fault)
             : write_shard_file(state, plan, rank, partial, options, fault);
     write_report.payload["extra"] = extra.to_json();

@@ -5,8 +5,8 @@
 #include <mutex>
 #include <utility>
 
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist {
 

@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 

@@ -3,7 +3,7 @@
 #include <ATen/Functions.h>
 
 #include "comm/flight_recorder_hooks.h"
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {

@@ -7,9 +7,9 @@
 #include <numeric>
 
 #include "comm/collective_call.h"
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
-#include "tdist/comm/placed_all_gather.h"
+#include "tdist/detail/comm/placed_all_gather.h"
 #include "tdist/error.h"
 
 namespace tdist {

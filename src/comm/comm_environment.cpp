@@ -6,8 +6,8 @@
 #include <mutex>
 #include <optional>
 
+#include "tdist/detail/util/env.h"
 #include "tdist/error.h"
-#include "tdist/util/env.h"
 
 namespace tdist::detail {
 

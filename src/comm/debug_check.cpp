@@ -1,11 +1,11 @@
-#include "debug_check.h"
+#include "comm/debug_check.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <thread>
 
-#include "tdist/comm/engine/op_codes.h"
+#include "tdist/detail/comm/engine/op_codes.h"
 #include "tdist/error.h"
 #include "tdist/store/store_all_gather.h"
 

@@ -16,14 +16,14 @@
 #include "comm/comm_environment.h"
 #include "comm/heartbeat.h"
 #include "comm/host_staged_backend.h"
-#include "rendezvous.h"
-#include "state.h"
+#include "comm/rendezvous.h"
+#include "comm/state.h"
 #include "tdist/comm/launch_environment.h"
+#include "tdist/detail/util/env.h"
+#include "tdist/detail/util/openblas_core.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
 #include "tdist/store/tcp_store.h"
-#include "tdist/util/env.h"
-#include "tdist/util/openblas_core.h"
 
 namespace tdist {
 
@@ -41,7 +41,7 @@ int& init_generation() {
 
 std::chrono::milliseconds default_timeout(const std::map<std::string, std::string>& spec) {
   for (const auto& [device, name] : spec) {
-    if (name == Backend::NCCL) return kDefaultNcclTimeout;
+    if (name == Backend::NCCL) return kDefaultNCCLTimeout;
   }
   return kDefaultPgTimeout;
 }

@@ -22,8 +22,8 @@
 
 #include "comm/comm_environment.h"
 #include "comm/flight_recorder_hooks.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist::detail {
 

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 

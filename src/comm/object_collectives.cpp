@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "comm/collective_call.h"
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 

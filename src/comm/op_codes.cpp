@@ -1,4 +1,4 @@
-#include "tdist/comm/engine/op_codes.h"
+#include "tdist/detail/comm/engine/op_codes.h"
 
 #include <array>
 

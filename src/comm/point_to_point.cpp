@@ -4,7 +4,7 @@
 
 #include "comm/collective_call.h"
 #include "comm/flight_recorder_hooks.h"
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 

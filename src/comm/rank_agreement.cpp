@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/object_collectives.h"
 
 namespace tdist {

@@ -1,4 +1,4 @@
-#include "tdist/comm/engine/reduce_kernels.h"
+#include "tdist/detail/comm/engine/reduce_kernels.h"
 
 #include <cstdint>
 #include <functional>

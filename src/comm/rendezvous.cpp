@@ -1,4 +1,4 @@
-#include "rendezvous.h"
+#include "comm/rendezvous.h"
 
 #include <unistd.h>
 

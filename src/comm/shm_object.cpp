@@ -1,4 +1,4 @@
-#include "tdist/comm/engine/shm_object.h"
+#include "tdist/detail/comm/engine/shm_object.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -7,11 +7,11 @@
 #include <map>
 #include <set>
 
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
 #include "tdist/store/prefix_store.h"
-#include "tdist/util/text.h"
 
 namespace tdist {
 

@@ -6,10 +6,10 @@
 #include <map>
 #include <string>
 
-#include "state.h"
+#include "comm/state.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist {
 

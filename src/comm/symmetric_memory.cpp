@@ -13,8 +13,8 @@
 
 #include <ATen/ATen.h>
 
-#include "tdist/comm/engine/shm_object.h"
-#include "tdist/comm/engine/symmetric_registry.h"
+#include "tdist/detail/comm/engine/shm_object.h"
+#include "tdist/detail/comm/engine/symmetric_registry.h"
 #include "tdist/error.h"
 
 namespace tdist {

@@ -1,4 +1,4 @@
-#include "tdist/ddp/bucketing.h"
+#include "tdist/detail/ddp/bucketing.h"
 
 #include <algorithm>
 #include <map>

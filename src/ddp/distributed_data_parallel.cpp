@@ -8,7 +8,7 @@
 #include "tdist/comm/broadcast_coalesced.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/rank_agreement.h"
-#include "tdist/ddp/bucketing.h"
+#include "tdist/detail/ddp/bucketing.h"
 #include "tdist/error.h"
 
 namespace tdist::ddp {
@@ -19,19 +19,23 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 }  // namespace
 
+namespace detail {
+
 /// Join hook of DDP: a joined rank shadows buffer broadcast and gradient reduction.
-class DdpJoinHook : public join::JoinHook {
+class DDPJoinHook : public join::JoinHook {
  public:
-  explicit DdpJoinHook(DistributedDataParallel* ddp) : ddp_(ddp) {}
+  explicit DDPJoinHook(DistributedDataParallelBase* ddp) : ddp_(ddp) {}
   void main_hook() override { ddp_->joined_iteration(); }
   void post_hook(bool is_last_joiner) override { ddp_->sync_final_model(is_last_joiner); }
 
  private:
-  DistributedDataParallel* ddp_;
+  DistributedDataParallelBase* ddp_;
 };
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 DistributedDataParallelOptions options)
+}  // namespace detail
+
+detail::DistributedDataParallelBase::DistributedDataParallelBase(
+    std::shared_ptr<torch::nn::Module> module, DistributedDataParallelOptions options)
     : module_(std::move(module)), options_(std::move(options)) {
   TDIST_CHECK_ARG(module_ != nullptr, "DistributedDataParallel: the module is null");
   TDIST_CHECK_ARG(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0,
@@ -73,9 +77,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   reducer_->install_hooks();
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+detail::DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-void DistributedDataParallel::verify_parameters_across_ranks() const {
+void detail::DistributedDataParallelBase::verify_parameters_across_ranks() const {
   std::vector<std::string> lines;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     std::ostringstream line;
@@ -95,24 +99,24 @@ void DistributedDataParallel::verify_parameters_across_ranks() const {
                   "and dtypes, in the same order)");
 }
 
-int DistributedDataParallel::find_common_rank(bool active) const {
+int detail::DistributedDataParallelBase::find_common_rank(bool active) const {
   at::Tensor rank =
       to_collective_device(at::full({1}, active ? group_->rank() : -1, at::kInt), group_);
   all_reduce(rank, ReduceOp::MAX, group_);
   return rank.item<int>();
 }
 
-int DistributedDataParallel::global_grad_sync_count(bool wants_sync) const {
+int detail::DistributedDataParallelBase::global_grad_sync_count(bool wants_sync) const {
   at::Tensor flag = to_collective_device(at::full({1}, wants_sync ? 1 : 0, at::kInt), group_);
   all_reduce(flag, ReduceOp::SUM, group_);
   return flag.item<int>();
 }
 
-void DistributedDataParallel::sync_buffers(int src) const {
+void detail::DistributedDataParallelBase::sync_buffers(int src) const {
   broadcast_coalesced(buffers_, src, group_);
 }
 
-void DistributedDataParallel::pre_forward() {
+void detail::DistributedDataParallelBase::pre_forward() {
   // Whether the next backward synchronises is decided here, at forward time (as PyTorch).
   const bool sync = at::GradMode::is_enabled() && require_backward_grad_sync_;
   if (sync) {
@@ -120,7 +124,7 @@ void DistributedDataParallel::pre_forward() {
   } else {
     reducer_->expect_no_backward();
   }
-  // Note [Join collective order]: a joined rank's DdpJoinHook::main_hook issues the same
+  // Note [Join collective order]: a joined rank's DDPJoinHook::main_hook issues the same
   // collectives in the same order: (notify) -> common rank + buffers -> sync count ->
   // buckets -> used map.
   WorkPtr join_work = join::Join::notify_join_context(*this);
@@ -136,7 +140,7 @@ void DistributedDataParallel::pre_forward() {
   if (join_work) join_work->wait(group_->timeout());
 }
 
-void DistributedDataParallel::joined_iteration() {
+void detail::DistributedDataParallelBase::joined_iteration() {
   if (options_.broadcast_buffers() && !buffers_.empty()) {
     sync_buffers(group_->global_rank(find_common_rank(false)));
   }
@@ -146,7 +150,7 @@ void DistributedDataParallel::joined_iteration() {
   reducer_->shadow_backward();
 }
 
-void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
+void detail::DistributedDataParallelBase::sync_final_model(bool is_last_joiner) {
   const int src = find_common_rank(is_last_joiner);
   std::vector<at::Tensor> state = module_->parameters(/*recurse=*/true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
@@ -154,32 +158,33 @@ void DistributedDataParallel::sync_final_model(bool is_last_joiner) {
   reducer_->set_divisor(group_->size());
 }
 
-void DistributedDataParallel::register_comm_hook(CommHook hook) {
+void detail::DistributedDataParallelBase::register_comm_hook(CommHook hook) {
   TDIST_CHECK_ARG(static_cast<bool>(hook), "DistributedDataParallel: the comm hook is empty");
   reducer_->set_comm_hook(std::move(hook));
 }
 
-std::unique_ptr<join::JoinHook> DistributedDataParallel::join_hook(const join::JoinKwargs& kwargs) {
+std::unique_ptr<join::JoinHook> detail::DistributedDataParallelBase::join_hook(
+    const join::JoinKwargs& kwargs) {
   auto it = kwargs.find("divide_by_initial_world_size");
   divide_by_initial_world_size_ = it == kwargs.end() ? true : it->second.toBool();
-  return std::make_unique<DdpJoinHook>(this);
+  return std::make_unique<DDPJoinHook>(this);
 }
 
-c10::Device DistributedDataParallel::join_device() const {
+c10::Device detail::DistributedDataParallelBase::join_device() const {
   return params_.front().device();
 }
 
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp)
+detail::DistributedDataParallelBase::NoSync::NoSync(DistributedDataParallelBase* ddp)
     : ddp_(ddp), previous_(ddp->require_backward_grad_sync_) {
   ddp_->require_backward_grad_sync_ = false;
 }
 
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+detail::DistributedDataParallelBase::NoSync::NoSync(NoSync&& other) noexcept
     : ddp_(other.ddp_), previous_(other.previous_) {
   other.ddp_ = nullptr;
 }
 
-DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+detail::DistributedDataParallelBase::NoSync::~NoSync() {
   if (ddp_) ddp_->require_backward_grad_sync_ = previous_;
 }
 

@@ -14,9 +14,9 @@
 
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/detail/util/optimizer_state.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/optimizer_state.h"
-#include "tdist/util/torch_compat.h"
 
 // Note [ZeRO overlap_with_ddp]: PyTorch's overlap_with_ddp runs the optimizer step inside
 // DDP's communication hook, bucket by bucket, with a *functional* optimizer that takes the

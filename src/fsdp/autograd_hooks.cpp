@@ -9,7 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "fsdp/fsdp_state.h"
-#include "tdist/util/torch_compat.h"
+#include "tdist/detail/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 

@@ -12,8 +12,8 @@
 
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/symmetric_memory.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 

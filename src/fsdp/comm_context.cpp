@@ -6,7 +6,20 @@
 
 namespace tdist::fsdp::detail {
 
+CommContext& CommContext::detached() {
+  static CommContext* context = [] {
+    auto* c = new CommContext();  // leaked: groups may outlive static destruction
+    c->detached_ = true;
+    c->prefetch = false;
+    c->forward_prefetch = false;
+    c->backward_prefetch = false;
+    return c;
+  }();
+  return *context;
+}
+
 void CommContext::before_all_gather(ParamGroup* group) {
+  if (detached_) return;  // Note [Detached context]: no rate limit
   // Note [All-gather rate limit]
   while (static_cast<int>(in_flight_.size()) >= std::max(1, all_gather_limit)) {
     ParamGroup* oldest = in_flight_.front();
@@ -22,6 +35,10 @@ void CommContext::after_all_gather(ParamGroup* group) {
 }
 
 void CommContext::set_pending_reduce(ParamGroup* group) {
+  if (detached_) {  // Note [Detached context]: nothing stays pending
+    group->finish_reduce();
+    return;
+  }
   if (pending_reduce_ != nullptr && pending_reduce_ != group) finish_pending_reduce();
   pending_reduce_ = group;
 }
@@ -38,14 +55,14 @@ void CommContext::finish_pending_reduce() {
 // order of their *post*-forward (the root's forward ends last, so its backward starts
 // first), so backward prefetches the group whose post-forward came just before.
 void CommContext::record_forward(ParamGroup* group) {
-  if (order_frozen_) return;
+  if (order_frozen_ || detached_) return;
   if (std::find(forward_order_.begin(), forward_order_.end(), group) == forward_order_.end()) {
     forward_order_.push_back(group);
   }
 }
 
 void CommContext::record_post_forward(ParamGroup* group) {
-  if (order_frozen_) return;
+  if (order_frozen_ || detached_) return;
   if (std::find(post_forward_order_.begin(), post_forward_order_.end(), group) ==
       post_forward_order_.end()) {
     post_forward_order_.push_back(group);

@@ -20,6 +20,13 @@ struct CommEvent {
 
 class CommContext {
  public:
+  /// Note [Detached context]: the context of a group that no root has taken into its tree
+  /// yet (explicit unshard before the first forward), and of the Join replay: it records
+  /// nothing, limits and prefetches nothing, and finishes every reduce-scatter as soon as it
+  /// is issued. Stateless, so one instance serves every group; a group's context is never
+  /// null.
+  static CommContext& detached();
+
   /// Note [All-gather rate limit]
   /// At most `all_gather_limit` all-gathers may be in flight (issued, not yet waited).
   /// Issuing one more first finishes the oldest. Each in-flight all-gather holds a full
@@ -59,7 +66,9 @@ class CommContext {
   /// Note [Join replay]: the collectives of the step in progress, in issue order; at the
   /// end of backward they become last_step(), which a joined rank replays.
   void begin_step() { current_step_.clear(); }
-  void record(CommEvent event) { current_step_.push_back(event); }
+  void record(CommEvent event) {
+    if (!detached_) current_step_.push_back(event);
+  }
   void end_step() {
     last_step_.swap(current_step_);  // both keep their capacity: no allocation per step
     current_step_.clear();
@@ -67,6 +76,7 @@ class CommContext {
   const std::vector<CommEvent>& last_step() const { return last_step_; }
 
  private:
+  bool detached_ = false;
   std::vector<CommEvent> current_step_;
   std::vector<CommEvent> last_step_;
   std::deque<ParamGroup*> in_flight_;

@@ -19,9 +19,9 @@
 #include "fsdp/fsdp_state.h"
 #include "fsdp/group_builder.h"
 #include "fsdp/registry.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/fully_shard.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
 

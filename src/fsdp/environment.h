@@ -13,7 +13,7 @@ struct FSDPEnvironment {
   /// buffers may live in symmetric memory (Note [Pooled blocks in symmetric memory]).
   bool symmetric_buffers = true;
   /// TDIST_FSDP_PLACED_ALL_GATHER: groups whose backend can gather straight into the
-  /// unsharded block do (Note [Placed all-gather], tdist/comm/placed_all_gather.h).
+  /// unsharded block do (Note [Placed all-gather], tdist/detail/comm/placed_all_gather.h).
   bool placed_all_gather = true;
 
   /// Each variable is "1" (on, also when unset) or "0"; anything else raises

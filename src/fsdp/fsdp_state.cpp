@@ -87,7 +87,7 @@ void FSDPState::lazy_init() {
     tree_.push_back(s);
     s->initialized_ = true;
     if (s->group_) {
-      s->group_->set_comm_context(comm_.get());
+      s->group_->set_comm_context(*comm_);
       s->group_->set_is_root(s == this);
       if (comm_->streams == nullptr) comm_->streams = s->group_->streams();
     }
@@ -186,13 +186,11 @@ void FSDPState::root_post_backward_final_callback() {
   for (FSDPState* s : tree_) {
     if (s->group_) s->group_->finalize_backward();
   }
-  if (comm_) {
-    // Not the last backward: the last reduce-scatter stays in flight; its group finishes it
-    // at its next pre-backward (ParamGroup::pre_backward), before it stashes gradients.
-    if (is_last_backward_) comm_->finish_pending_reduce();
-    comm_->end_step();
-    comm_->all_gather_inputs_ordered = false;  // the optimizer step comes next
-  }
+  // Not the last backward: the last reduce-scatter stays in flight; its group finishes it
+  // at its next pre-backward (ParamGroup::pre_backward), before it stashes gradients.
+  if (is_last_backward_) comm_->finish_pending_reduce();
+  comm_->end_step();
+  comm_->all_gather_inputs_ordered = false;  // the optimizer step comes next
   // Note [FSDP streams]: what runs after backward (the optimizer) sees the installed
   // gradients.
   for (FSDPState* s : tree_) {

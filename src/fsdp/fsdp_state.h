@@ -13,7 +13,7 @@
 #include "fsdp/comm_context.h"
 #include "fsdp/group_builder.h"
 #include "fsdp/param_group.h"
-#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/policies.h"
 #include "tdist/join/join.h"
 
 namespace tdist::fsdp::detail {
@@ -50,8 +50,9 @@ class FSDPState {
   /// fully_shard over several modules: this state is theirs (the first is module()).
   void set_module_count(size_t count) { module_count_ = count; }
   bool is_root() const { return is_root_; }
-  /// The root's comm context (null before the first forward, and on non-roots).
-  CommContext* comm() const { return comm_.get(); }
+  /// The root's comm context once its first forward made it the root; Note [Detached
+  /// context] before that, and on non-roots.
+  CommContext& comm() const { return comm_ ? *comm_ : CommContext::detached(); }
   /// Join for FSDP: the root notifies the join context at each pre-forward.
   void set_joinable(join::Joinable* joinable) { joinable_ = joinable; }
 

@@ -27,7 +27,7 @@ SummonFullParams::~SummonFullParams() noexcept(false) {
   std::exception_ptr first_error;
   for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) {
     try {
-      it->state().group()->unsummon(options_.writeback());
+      detail::state_of(*it).group()->unsummon(options_.writeback());
     } catch (...) {
       if (!first_error) first_error = std::current_exception();
     }

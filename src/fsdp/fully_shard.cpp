@@ -22,27 +22,6 @@ namespace detail {
 
 namespace {
 
-struct Registry {
-  std::mutex mutex;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<FSDPState>> states;
-};
-
-Registry& registry() {
-  static Registry* r = new Registry();  // leaked: states may outlive static destruction
-  return *r;
-}
-
-// Drops states whose module is gone (a new module may reuse the address).
-void prune_locked(Registry& r) {
-  for (auto it = r.states.begin(); it != r.states.end();) {
-    if (it->second->module().expired()) {
-      it = r.states.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 // The k-rank group this rank belongs to, for reshard_after_forward = k. Created once per
 // (group, k); every rank of the group takes part in creating all of them.
 ProcessGroupPtr post_forward_group(const ProcessGroupPtr& group, int k) {
@@ -67,39 +46,6 @@ ProcessGroupPtr post_forward_group(const ProcessGroupPtr& group, int k) {
 }
 
 }  // namespace
-
-FSDPState* find_state(const torch::nn::Module& module) {
-  return find_state_ptr(module).get();
-}
-
-std::shared_ptr<FSDPState> find_state_ptr(const torch::nn::Module& module) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.states.find(&module);
-  if (it == r.states.end() || it->second->module().expired()) return nullptr;
-  return it->second;
-}
-
-void register_state(const torch::nn::Module& module, std::shared_ptr<FSDPState> state) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  prune_locked(r);
-  auto [it, inserted] = r.states.emplace(&module, std::move(state));
-  if (!inserted) {
-    TDIST_THROW(InvalidArgument, "fully_shard: module '" + module.name() +
-                                     "' is already sharded; apply fully_shard once per module");
-  }
-}
-
-std::vector<FSDPState*> states_under(const torch::nn::Module& module) {
-  std::vector<FSDPState*> out;
-  auto add = [&](FSDPState* s) {  // once: modules sharded together share one state
-    if (s != nullptr && std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-  };
-  add(find_state(module));
-  for (const auto& m : module.modules(/*include_self=*/false)) add(find_state(*m));
-  return out;
-}
 
 FSDPState& state_of(const torch::nn::Module& module) {
   FSDPState* state = find_state(module);
@@ -339,6 +285,10 @@ detail::FSDPState& FSDPModule::state() const {
   return *state_;
 }
 
+detail::FSDPState& detail::state_of(const FSDPModule& module) {
+  return module.state();
+}
+
 void FSDPModule::unshard(bool async_op) {
   if (auto* g = state().group()) g->unshard(async_op, /*by_user=*/true);
 }
@@ -395,7 +345,7 @@ std::vector<detail::ParamGroup*> groups_under(detail::FSDPState& state, bool rec
 std::vector<detail::ParamGroup*> groups_of(const std::vector<FSDPModule>& modules) {
   std::vector<detail::ParamGroup*> groups;
   for (const auto& m : modules) {
-    if (auto* g = m.state().group()) groups.push_back(g);
+    if (auto* g = detail::state_of(m).group()) groups.push_back(g);
   }
   return groups;
 }

@@ -1,12 +1,11 @@
 #include "fsdp/group_buffers.h"
 
-#include "fsdp/param_group.h"
 #include "fsdp/per_call_buffers.h"
 #include "fsdp/persistent_buffers.h"
 
 namespace tdist::fsdp::detail {
 
-// Note [Persistent buffers] (collectives.h): fully_shard decides which groups take that path
+// Note [Persistent buffers] (flat_collectives.h): fully_shard decides which groups take that path
 // (plain CPU groups computed and reduced in the parameters' own dtype, unless
 // TDIST_FSDP_PERSISTENT_BUFFERS=0) and builds their flat shard in place; a group without one
 // takes the general path.

@@ -10,12 +10,13 @@
 // Two implementations, chosen per group at fully_shard (make_group_buffers):
 //  - PerCallBuffers (per_call_buffers.h): every collective allocates its buffers and copies
 //    each parameter in and out with ATen ops. Any device, any dtype, mixed precision.
-//  - PersistentBuffers (persistent_buffers.h): Note [Persistent buffers] in collectives.h;
+//  - PersistentBuffers (persistent_buffers.h): Note [Persistent buffers] in flat_collectives.h;
 //    plain CPU groups in the parameters' own dtype.
 // On an accelerator, PerCallBuffers runs its copies and collectives on the device's FSDP
 // streams (Note [FSDP streams] in device_streams.h).
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,13 +26,24 @@
 #include "fsdp/collectives.h"
 #include "tdist/comm/process_group.h"
 #include "tdist/comm/work.h"
-#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/policies.h"
 
 namespace tdist::fsdp::detail {
 
 class DeviceStreams;
 class ShardedParam;
-struct GroupConfig;
+
+/// How a group communicates, fixed at fully_shard time.
+struct GroupConfig {
+  ReshardAfterForward reshard_after_forward = true;
+  ProcessGroupPtr post_forward_group;           // the k-rank group of an integer reshard
+  ProcessGroupPtr replicate_group;              // HSDP: gradients all-reduced across it after the
+                                                // reduce-scatter (null: no replication)
+  std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
+  at::Tensor flat_shard;           // the params' padded shards already live here (fully_shard)
+  bool symmetric_buffers = false;  // pooled buffers in symmetric memory (agreed by all ranks)
+  bool placed_all_gather = false;  // FSDPEnvironment::placed_all_gather, for the flat shard
+};
 
 /// The names a group's collectives carry (trace scopes, the flight recorder).
 struct GroupLabels {

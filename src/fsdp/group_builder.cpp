@@ -2,8 +2,8 @@
 
 #include "fsdp/buffer_pool.h"
 #include "fsdp/environment.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/error.h"
-#include "tdist/fsdp/shard_layout.h"
 
 namespace tdist::fsdp::detail {
 

@@ -24,7 +24,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/policies.h"
 
 namespace tdist::fsdp::detail {
 

@@ -23,14 +23,14 @@ class FSDPJoinHook : public join::JoinHook {
 FSDPJoinable::FSDPJoinable(FSDPModule root, std::function<void()> step)
     : root_(std::move(root)), step_(std::move(step)) {
   TDIST_CHECK_ARG(static_cast<bool>(root_), "FSDPJoinable: empty FSDPModule handle");
-  TDIST_CHECK_ARG(root_.state().parent() == nullptr,
+  TDIST_CHECK_ARG(detail::state_of(root_).parent() == nullptr,
                   "FSDPJoinable: pass the root fully_shard'ed module (the outermost one), not '" +
                       root_.label() + "'");
-  root_.state().set_joinable(this);
+  detail::state_of(root_).set_joinable(this);
 }
 
 FSDPJoinable::~FSDPJoinable() {
-  root_.state().set_joinable(nullptr);
+  detail::state_of(root_).set_joinable(nullptr);
 }
 
 std::unique_ptr<join::JoinHook> FSDPJoinable::join_hook(const join::JoinKwargs& /*kwargs*/) {
@@ -42,9 +42,9 @@ ProcessGroupPtr FSDPJoinable::join_process_group() const {
 }
 
 void FSDPJoinable::shadow_step() {
-  detail::FSDPState& root = root_.state();
-  detail::CommContext* comm = root.comm();
-  if (comm == nullptr || comm->last_step().empty()) {
+  detail::FSDPState& root = detail::state_of(root_);
+  const detail::CommContext& comm = root.comm();
+  if (comm.last_step().empty()) {
     TDIST_THROW(Error, "rank " + std::to_string(get_rank()) +
                            ": FSDP Join: this rank ran out of inputs before it completed one "
                            "training step, so it cannot know which collectives to shadow; "
@@ -59,7 +59,7 @@ void FSDPJoinable::shadow_step() {
       for (const auto& p : g->params()) p->param().mutable_grad() = at::Tensor();
     }
   }
-  for (const detail::CommEvent& event : comm->last_step()) {
+  for (const detail::CommEvent& event : comm.last_step()) {
     switch (event.kind) {
       case detail::CommEvent::Kind::kAllGather:
         event.group->replay_all_gather(/*from_post_forward_slab=*/false);

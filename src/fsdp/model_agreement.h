@@ -20,7 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tdist/comm/process_group.h"
-#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/policies.h"
 
 namespace tdist::fsdp::detail {
 

@@ -53,8 +53,8 @@
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 
@@ -148,17 +148,15 @@ void ParamGroup::unshard(bool async_op, bool by_user) {
   }
   check(shard_state_ != ShardState::kSummoned, "unshard", "the end of summon_full_params first");
   if (shard_state_ == ShardState::kUnshardedNoData) reshard();
-  if (comm_ != nullptr) {
-    comm_->before_all_gather(this);
-    comm_->record({shard_state_ == ShardState::kShardedPostForward
-                       ? CommEvent::Kind::kAllGatherPostForward
-                       : CommEvent::Kind::kAllGather,
-                   this});
-  }
+  comm_->before_all_gather(this);
+  comm_->record({shard_state_ == ShardState::kShardedPostForward
+                     ? CommEvent::Kind::kAllGatherPostForward
+                     : CommEvent::Kind::kAllGather,
+                 this});
   const bool from_slab = shard_state_ == ShardState::kShardedPostForward;
-  buffers_->start_all_gather(
-      from_slab ? post_forward_slab_.view({-1}) : at::Tensor(), config_.post_forward_group,
-      /*inputs_ordered=*/!by_user && comm_ != nullptr && comm_->all_gather_inputs_ordered);
+  buffers_->start_all_gather(from_slab ? post_forward_slab_.view({-1}) : at::Tensor(),
+                             config_.post_forward_group,
+                             /*inputs_ordered=*/!by_user && comm_->all_gather_inputs_ordered);
   shard_state_ = ShardState::kUnsharding;
   ++stats_.all_gathers;
   if (!async_op) wait_for_unshard();
@@ -172,7 +170,7 @@ void ParamGroup::wait_for_unshard() {
   post_forward_slab_ = at::Tensor();
   point_params(/*unsharded=*/true);
   shard_state_ = ShardState::kUnsharded;
-  if (comm_ != nullptr) comm_->after_all_gather(this);
+  comm_->after_all_gather(this);
 }
 
 void ParamGroup::reshard() {
@@ -304,7 +302,7 @@ void ParamGroup::unsummon(bool writeback) {
 // follows each all-gather so that a backward all-gather from a k-rank slab finds its slab.
 void ParamGroup::replay_all_gather(bool from_post_forward_slab) {
   CommContext* comm = comm_;
-  comm_ = nullptr;  // not recorded, not rate-limited: every replayed collective is waited
+  comm_ = &CommContext::detached();  // not recorded, not rate-limited: each is waited
   if (from_post_forward_slab) {
     check(shard_state_ == ShardState::kShardedPostForward, "Join replay of an all-gather",
           "a post-forward slab (replayed steps must match the training ranks' steps)");
@@ -358,9 +356,9 @@ void ParamGroup::pre_forward() {
   TraceScope trace("FSDP::pre_forward", label());
   training_state_ = TrainingState::kForward;
   if (torch::autograd::GradMode::is_enabled()) ++graph_forward_calls_;
-  if (comm_ != nullptr) comm_->record_forward(this);
+  comm_->record_forward(this);
   unshard(/*async_op=*/true);
-  if (comm_ != nullptr && comm_->prefetch && comm_->forward_prefetch) {
+  if (comm_->prefetch && comm_->forward_prefetch) {
     prefetch(forward_prefetch_, comm_->next_forward(this), /*backward=*/false);
   }
   wait_for_unshard();
@@ -368,7 +366,7 @@ void ParamGroup::pre_forward() {
 
 void ParamGroup::post_forward() {
   TraceScope trace("FSDP::post_forward", label());
-  if (comm_ != nullptr) comm_->record_post_forward(this);
+  comm_->record_post_forward(this);
   if (!torch::autograd::GradMode::is_enabled()) {
     reshard();  // no backward will follow (inference): always free
   } else if (!is_root_) {
@@ -382,7 +380,7 @@ void ParamGroup::pre_backward() {
   TraceScope trace("FSDP::pre_backward", label());
   // The previous backward was not the last (set_is_last_backward(false)) and left this
   // group's reduce-scatter in flight: land it before stashing the gradients it updates.
-  if (reduce_pending_ && comm_ != nullptr) comm_->finish_pending_reduce();
+  if (reduce_pending_) comm_->finish_pending_reduce();
   if (reduce_pending_) finish_reduce();
   join_reduce_stream();
   training_state_ = TrainingState::kPreBackward;
@@ -397,7 +395,7 @@ void ParamGroup::pre_backward() {
   } else {
     unshard(/*async_op=*/true);
   }
-  if (comm_ != nullptr && comm_->prefetch && comm_->backward_prefetch) {
+  if (comm_->prefetch && comm_->backward_prefetch) {
     prefetch(backward_prefetch_, comm_->next_backward(this), /*backward=*/true);
   }
   if (!without_data) wait_for_unshard();
@@ -475,10 +473,8 @@ void ParamGroup::reduce_and_reshard() {
   }
   // Every rank whose pre-backward ran reduces (missing grads count as zeros), so ranks
   // always issue the same collectives.
-  if (comm_ != nullptr) {
-    comm_->finish_pending_reduce();
-    comm_->record({CommEvent::Kind::kReduceScatter, this});
-  }
+  comm_->finish_pending_reduce();
+  comm_->record({CommEvent::Kind::kReduceScatter, this});
   issue_reduce(grads);
   {
     CopyTimer copy(stats_);
@@ -486,11 +482,7 @@ void ParamGroup::reduce_and_reshard() {
   }
   ++stats_.reduce_scatters;
   reshard();
-  if (comm_ != nullptr) {
-    comm_->set_pending_reduce(this);
-  } else {
-    finish_reduce();
-  }
+  comm_->set_pending_reduce(this);
 }
 
 // Note [Gradient averaging]

@@ -13,14 +13,14 @@
 #include <c10/core/ScalarType.h>
 
 #include "fsdp/collectives.h"
+#include "fsdp/comm_context.h"
 #include "fsdp/group_buffers.h"
 #include "fsdp/sharded_param.h"
 #include "tdist/comm/process_group.h"
-#include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/policies.h"
 
 namespace tdist::fsdp::detail {
 
-class CommContext;
 class DeviceStreams;
 
 /// Where the parameters' data is (see the diagram in param_group.cpp).
@@ -39,18 +39,6 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 const char* to_string(ShardState state);
 const char* to_string(TrainingState state);
 
-/// How a group communicates, fixed at fully_shard time.
-struct GroupConfig {
-  ReshardAfterForward reshard_after_forward = true;
-  ProcessGroupPtr post_forward_group;           // the k-rank group of an integer reshard
-  ProcessGroupPtr replicate_group;              // HSDP: gradients all-reduced across it after the
-                                                // reduce-scatter (null: no replication)
-  std::optional<c10::ScalarType> reduce_dtype;  // default: the unsharded dtype
-  at::Tensor flat_shard;           // the params' padded shards already live here (fully_shard)
-  bool symmetric_buffers = false;  // pooled buffers in symmetric memory (agreed by all ranks)
-  bool placed_all_gather = false;  // FSDPEnvironment::placed_all_gather, for the flat shard
-};
-
 class ParamGroup {
  public:
   ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedParam>> params,
@@ -64,7 +52,9 @@ class ParamGroup {
   ShardState shard_state() const { return shard_state_; }
   TrainingState training_state() const { return training_state_; }
   const std::vector<std::unique_ptr<ShardedParam>>& params() const { return params_; }
-  void set_comm_context(CommContext* context) { comm_ = context; }
+  /// The root's context once the root took this group into its tree (Note [Detached
+  /// context] until then).
+  void set_comm_context(CommContext& context) { comm_ = &context; }
   /// The root group keeps its parameters after forward: its backward comes next.
   void set_is_root(bool is_root) { is_root_ = is_root; }
   FSDPStats& stats() { return stats_; }
@@ -156,7 +146,7 @@ class ParamGroup {
   const FlatLayout& flat_;
   ProcessGroupPtr group_;
   GroupConfig config_;
-  CommContext* comm_ = nullptr;
+  CommContext* comm_ = &CommContext::detached();  // never null
   bool requires_gradient_sync_ = true;
   std::optional<double> gradient_divide_factor_;
   bool requires_all_reduce_ = true;

@@ -5,11 +5,12 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/flat_collectives.h"
 #include "fsdp/hook_timing.h"
 #include "fsdp/sharded_param.h"
 #include "fsdp/trace_scope.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 

@@ -1,6 +1,6 @@
 #pragma once
 
-// PersistentBuffers: the GroupBuffers of Note [Persistent buffers] (collectives.h). The
+// PersistentBuffers: the GroupBuffers of Note [Persistent buffers] (flat_collectives.h). The
 // group's padded shards are views of one flat shard in the all-gather input layout (no
 // copy-in); every parameter's unsharded tensor is an alias of one StorageImpl whose bytes
 // come from the BufferPool between unshard and reshard; the collective buffers keep their

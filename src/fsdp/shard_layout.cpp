@@ -1,4 +1,4 @@
-#include "tdist/fsdp/shard_layout.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 
 #include <algorithm>
 #include <string>

@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 

@@ -35,7 +35,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
 
-#include "tdist/fsdp/shard_layout.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 
 namespace tdist::fsdp::detail {
 

@@ -29,12 +29,12 @@
 #include "fsdp/sharded_param.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/detail/util/optimizer_state.h"
+#include "tdist/detail/util/text.h"
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
 #include "tdist/tensor/dtensor.h"
 #include "tdist/tensor/parallel/parallelize.h"
-#include "tdist/util/optimizer_state.h"
-#include "tdist/util/text.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::fsdp {
 namespace detail {
@@ -61,7 +61,7 @@ struct ModuleEntries {
   std::vector<ParamGroup*> groups;
 };
 
-ModuleEntries collect(const torch::nn::Module& module) {
+ModuleEntries collect_module_entries(const torch::nn::Module& module) {
   ModuleEntries out;
   std::unordered_map<const c10::TensorImpl*, std::pair<const ShardedParam*, ParamGroup*>> managed;
   auto visit = [&](const torch::nn::Module& m) {
@@ -400,7 +400,7 @@ void agree_on_keys(const std::map<std::string, OptimizerItem>& items, const Modu
 }  // namespace
 
 void prepare_to_load(const torch::nn::Module& module) {
-  prepare_for_write(collect(module), "load into a sharded state dict");
+  prepare_for_write(collect_module_entries(module), "load into a sharded state dict");
 }
 
 }  // namespace detail
@@ -410,7 +410,7 @@ void prepare_to_load(const torch::nn::Module& module) {
 ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
                                       const StateDictOptions& options) {
   detail::check_options(options, "get_model_state_dict");
-  const detail::ModuleEntries me = detail::collect(module);
+  const detail::ModuleEntries me = detail::collect_module_entries(module);
   ShardedStateDict out;
   const bool keep = detail::keeps_full_entries(options);
   for (const auto& [name, e] : me.entries) {
@@ -437,7 +437,7 @@ ShardedStateDict get_model_state_dict(const torch::nn::Module& module,
 IncompatibleKeys set_model_state_dict(torch::nn::Module& module, const ShardedStateDict& state,
                                       const StateDictOptions& options) {
   detail::check_options(options, "set_model_state_dict");
-  const detail::ModuleEntries me = detail::collect(module);
+  const detail::ModuleEntries me = detail::collect_module_entries(module);
   detail::prepare_for_write(me, "set_model_state_dict");
   const bool full = options.full_state_dict();
   ShardedStateDict received;
@@ -471,7 +471,7 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
                                           torch::optim::Optimizer& optimizer,
                                           const StateDictOptions& options) {
   detail::check_options(options, "get_optimizer_state_dict");
-  const detail::ModuleEntries me = detail::collect(module);
+  const detail::ModuleEntries me = detail::collect_module_entries(module);
   const auto items = detail::optimizer_items(optimizer, me);
   ShardedStateDict out;
   if (!options.full_state_dict()) {
@@ -505,7 +505,7 @@ ShardedStateDict get_optimizer_state_dict(const torch::nn::Module& module,
 void set_optimizer_state_dict(const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                               const ShardedStateDict& state, const StateDictOptions& options) {
   detail::check_options(options, "set_optimizer_state_dict");
-  const detail::ModuleEntries me = detail::collect(module);
+  const detail::ModuleEntries me = detail::collect_module_entries(module);
   detail::prepare_for_write(me, "set_optimizer_state_dict");
   const bool full = options.full_state_dict();
   ShardedStateDict received;

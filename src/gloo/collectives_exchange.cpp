@@ -7,9 +7,9 @@
 #include "gloo/shm_collectives.h"
 #include "tdist/gloo/gloo_backend.h"
 
-namespace tdist {
+namespace tdist::gloo {
 
-using namespace detail;
+using namespace tdist::detail;
 
 namespace {
 
@@ -278,4 +278,4 @@ WorkPtr GlooBackend::receive(at::Tensor& tensor, int src, const SendRecvOptions&
   return work;
 }
 
-}  // namespace tdist
+}  // namespace tdist::gloo

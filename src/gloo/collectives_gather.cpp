@@ -10,9 +10,9 @@
 #include "gloo/shm_collectives.h"
 #include "tdist/gloo/gloo_backend.h"
 
-namespace tdist {
+namespace tdist::gloo {
 
-using namespace detail;
+using namespace tdist::detail;
 
 WorkPtr GlooBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   const std::string op = "broadcast";
@@ -216,4 +216,4 @@ WorkPtr GlooBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& 
                  });
 }
 
-}  // namespace tdist
+}  // namespace tdist::gloo

@@ -7,9 +7,9 @@
 #include "gloo/shm_collectives.h"
 #include "tdist/gloo/gloo_backend.h"
 
-namespace tdist {
+namespace tdist::gloo {
 
-using namespace detail;
+using namespace tdist::detail;
 
 namespace {
 
@@ -224,4 +224,4 @@ WorkPtr GlooBackend::reduce_scatter(at::Tensor& output, const std::vector<at::Te
                  });
 }
 
-}  // namespace tdist
+}  // namespace tdist::gloo

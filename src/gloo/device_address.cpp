@@ -96,7 +96,7 @@ bool is_loopback(const std::string& address) {
 namespace {
 
 // The one numeric address every channel binds when no interface is given.
-std::string choose_address(const GlooBackendOptions& options, int rank) {
+std::string choose_address(const gloo::GlooBackendOptions& options, int rank) {
   const std::string who = "rank " + std::to_string(rank) + ": ";
   if (!options.hostname().empty()) {
     if (auto address = bindable_address_of(options.hostname())) return *address;
@@ -135,7 +135,7 @@ std::string choose_address(const GlooBackendOptions& options, int rank) {
 }  // namespace
 
 std::vector<gloo_transport::DeviceAddress> choose_device_addresses(
-    const GlooBackendOptions& options, int channels, int rank) {
+    const gloo::GlooBackendOptions& options, int channels, int rank) {
   const auto& interfaces = options.interfaces();
   std::vector<gloo_transport::DeviceAddress> out;
   if (!interfaces.empty()) {

@@ -33,6 +33,6 @@ bool is_loopback(const std::string& address);
 /// hosts), else loopback when the job may be on one host (with one warning); otherwise throws
 /// InvalidArgument naming the host name and GLOO_SOCKET_IFNAME.
 std::vector<gloo_transport::DeviceAddress> choose_device_addresses(
-    const GlooBackendOptions& options, int channels, int rank);
+    const gloo::GlooBackendOptions& options, int channels, int rank);
 
 }  // namespace tdist::detail

@@ -5,8 +5,8 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "tdist/comm/engine/op_codes.h"
 #include "tdist/comm/types.h"
+#include "tdist/detail/comm/engine/op_codes.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {

@@ -16,7 +16,7 @@
 #include "gloo/work_queue.h"
 #include "tdist/error.h"
 
-namespace tdist {
+namespace tdist::gloo {
 
 namespace {
 
@@ -237,4 +237,4 @@ CollectiveBackendPtr make_gloo_backend(const StorePtr& store, int rank, int size
   return std::make_shared<GlooBackend>(store, rank, size, timeout, gloo_options_from_env());
 }
 
-}  // namespace tdist
+}  // namespace tdist::gloo

@@ -81,7 +81,7 @@ void ignore_sigpipe_unless_handled() {
 }  // namespace
 
 GlooComm::GlooComm(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-                   const GlooBackendOptions& options)
+                   const gloo::GlooBackendOptions& options)
     : rank_(rank), size_(size), segment_bytes_(std::max<size_t>(options.segment_bytes(), 4096)) {
   ignore_sigpipe_unless_handled();
   const int channels = std::max(1, options.channels());

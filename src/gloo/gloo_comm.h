@@ -29,7 +29,7 @@ class GlooComm {
   /// Connects the full mesh on every channel; throws TimeoutError/NetworkError naming the
   /// ranks that did not show up.
   GlooComm(Store& store, int rank, int size, std::chrono::milliseconds timeout,
-           const GlooBackendOptions& options);
+           const gloo::GlooBackendOptions& options);
   ~GlooComm();
 
   int rank() const { return rank_; }

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "tdist/comm/engine/reduce_kernels.h"
+#include "tdist/detail/comm/engine/reduce_kernels.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {

@@ -6,7 +6,7 @@
 #include "tdist/comm/backend.h"
 #include "tdist/gloo/gloo_backend.h"
 
-namespace tdist {
+namespace tdist::gloo {
 
 void register_gloo_backend() {
   static std::once_flag once;
@@ -19,7 +19,7 @@ void register_gloo_backend() {
   });
 }
 
-}  // namespace tdist
+}  // namespace tdist::gloo
 
 // See Note [Backend registration anchor] in src/mpi/registration.cpp: tdist::tdist links with
 // -Wl,--undefined=tdist_gloo_registration_anchor so that this file, and its initialiser, are
@@ -29,7 +29,7 @@ int tdist_gloo_registration_anchor = 0;
 }
 namespace {
 const bool kRegistered = [] {
-  tdist::register_gloo_backend();
+  tdist::gloo::register_gloo_backend();
   return true;
 }();
 }  // namespace

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "gloo/collective_common.h"
-#include "tdist/comm/engine/cpu_relax.h"
+#include "tdist/detail/comm/engine/cpu_relax.h"
 #include "tdist/error.h"
 
 namespace tdist::detail {

@@ -1,6 +1,6 @@
 #pragma once
 
-// The Gloo engine's channel to the same-host engine (tdist/comm/engine/same_host.h): one per
+// The Gloo engine's channel to the same-host engine (tdist/detail/comm/engine/same_host.h): one per
 // collective. Staging halves are the arena's growable segments, so every op is one piece; a
 // rank arrives by the header handshake, which announces its segment (or its symmetric tensor)
 // and carries the cross-rank check; later phases are futex-backed flags in the probe pages
@@ -13,7 +13,7 @@
 
 #include "gloo/exchange.h"
 #include "gloo/shm.h"
-#include "tdist/comm/engine/same_host.h"
+#include "tdist/detail/comm/engine/same_host.h"
 
 namespace tdist::detail {
 

@@ -1,6 +1,6 @@
 #include "gloo/shm.h"
 
-#include "tdist/comm/engine/shm_object.h"
+#include "tdist/detail/comm/engine/shm_object.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

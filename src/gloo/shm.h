@@ -11,7 +11,7 @@
 // mismatch still raises DistBackendError on every rank instead of aborting.
 //
 // The collectives themselves are the same-host engine's (Note [Same-host collectives] in
-// tdist/comm/engine/same_host.h), each one piece: a rank copies what its peers need into its
+// tdist/detail/comm/engine/same_host.h), each one piece: a rank copies what its peers need into its
 // segment, announces the segment in the header handshake (its arrival), then reads the peers'
 // segments directly; a later phase (all_reduce's "chunk reduced") is a flag notification.
 //
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "tdist/comm/engine/symmetric_registry.h"
+#include "tdist/detail/comm/engine/symmetric_registry.h"
 #include "tdist/store/store.h"
 
 namespace tdist::detail {
@@ -43,7 +43,7 @@ class ShmArena {
   /// Probes through `store` whether every rank can map every other rank's shared memory.
   /// All ranks get the same answer: an arena, or nullptr (then the TCP path is used).
   /// `max_bytes`: the most its segment may grow to on this rank
-  /// (GlooBackendOptions::shared_memory_max_bytes).
+  /// (gloo::GlooBackendOptions::shared_memory_max_bytes).
   static std::unique_ptr<ShmArena> connect(Store& store, int rank, int size,
                                            std::chrono::milliseconds timeout, size_t max_bytes);
   ~ShmArena();

@@ -4,7 +4,7 @@
 
 #include "gloo/collective_common.h"
 #include "gloo/same_host_channel.h"
-#include "tdist/comm/engine/same_host.h"
+#include "tdist/detail/comm/engine/same_host.h"
 
 namespace tdist::detail {
 

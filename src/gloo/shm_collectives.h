@@ -2,7 +2,7 @@
 
 // all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast and even-split
 // all_to_all_single over the same-host arena (Note [Shared-memory path] in shm.h), run by the
-// same-host engine (tdist/comm/engine/same_host.h) through a GlooSameHostChannel. Each runs
+// same-host engine (tdist/detail/comm/engine/same_host.h) through a GlooSameHostChannel. Each runs
 // the header handshake itself (announcing its segment), so callers do not. Each returns true
 // when done, or false when some rank could not get shared memory for it (Note [Falling back
 // to TCP] in same_host_channel.cpp): the handshake has run, and the caller moves the data

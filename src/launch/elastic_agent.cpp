@@ -11,10 +11,10 @@
 #include <iostream>
 #include <set>
 
-#include "failure_cause.h"
-#include "mpirun_launch.h"
-#include "process_util.h"
-#include "tdist/util/openblas_core.h"
+#include "launch/failure_cause.h"
+#include "launch/mpirun_launch.h"
+#include "launch/process_util.h"
+#include "tdist/detail/util/openblas_core.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "failure_cause.h"
+#include "launch/failure_cause.h"
 
 #include <cctype>
 

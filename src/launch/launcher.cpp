@@ -2,8 +2,8 @@
 
 #include <iostream>
 
-#include "mpirun_launch.h"
-#include "process_util.h"
+#include "launch/mpirun_launch.h"
+#include "launch/process_util.h"
 #include "tdist/launch/elastic_agent.h"
 #include "tdist/store/tcp_store.h"
 

@@ -1,4 +1,4 @@
-#include "mpirun_launch.h"
+#include "launch/mpirun_launch.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <map>
 
-#include "process_util.h"
+#include "launch/process_util.h"
 #include "tdist/error.h"
 
 extern char** environ;

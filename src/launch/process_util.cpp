@@ -1,4 +1,4 @@
-#include "process_util.h"
+#include "launch/process_util.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

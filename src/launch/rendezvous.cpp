@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include "process_util.h"
+#include "launch/process_util.h"
 
 namespace tdist::launch {
 

@@ -12,7 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "process_util.h"
+#include "launch/process_util.h"
 #include "tdist/error.h"
 
 namespace tdist::launch {

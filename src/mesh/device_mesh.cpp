@@ -6,8 +6,8 @@
 
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object_collectives.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist::mesh {
 

@@ -5,11 +5,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
 #include "tdist/models/gpt2.h"
 #include "tdist/models/llama.h"
 #include "tdist/models/pretrained.h"
-#include "tdist/util/text.h"
 
 namespace tdist::models {
 

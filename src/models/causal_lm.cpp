@@ -13,6 +13,14 @@ at::ScalarType loss_dtype(const at::Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// Mean cross-entropy of logits [..., V] against integer targets [...], positions whose target
+// is -100 left out, as transformers' loss.
+at::Tensor token_cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(loss_dtype(logits)),
+                                targets.reshape({-1}).to(at::kLong).to(logits.device()),
+                                /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100);
+}
+
 }  // namespace
 
 CausalLM::CausalLM(const std::string& name, ModelConfig config)
@@ -42,10 +50,7 @@ at::Tensor CausalLM::next_token_loss(const at::Tensor& input_ids, const at::Tens
                                         rows.size(0), sharded->shape().back()}));
     return tensor::parallel::loss_parallel_cross_entropy(logits, flat_targets.to(rows.device()));
   }
-  const at::Tensor all = logits(input_ids, nullptr);
-  return at::cross_entropy_loss(all.reshape({-1, all.size(-1)}).to(loss_dtype(all)),
-                                flat_targets.to(all.device()), /*weight=*/{}, at::Reduction::Mean,
-                                /*ignore_index=*/-100);
+  return token_cross_entropy(logits(input_ids, nullptr), flat_targets);
 }
 
 void CausalLM::check_input_ids(const at::Tensor& input_ids, int64_t cached) const {
@@ -77,11 +82,17 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
                   "causal_lm_loss: logits " + c10::str(logits.sizes()) + " and labels " +
                       c10::str(labels.sizes()) + " must be [B, T, V] and [B, T]");
   const int64_t length = logits.size(1);
-  const at::Tensor predicted = logits.narrow(1, 0, length - 1).to(at::kFloat);
-  const at::Tensor targets = labels.narrow(1, 1, length - 1).to(at::kLong);
-  return at::cross_entropy_loss(predicted.reshape({-1, predicted.size(-1)}), targets.reshape({-1}),
-                                /*weight=*/{}, at::Reduction::Mean,
-                                /*ignore_index=*/-100);
+  return token_cross_entropy(logits.narrow(1, 0, length - 1), labels.narrow(1, 1, length - 1));
+}
+
+at::Tensor next_token_targets(const at::Tensor& input_ids) {
+  TDIST_CHECK_ARG(input_ids.dim() == 2,
+                  "next_token_targets: input_ids must be [batch, sequence], got " +
+                      c10::str(input_ids.sizes()));
+  at::Tensor targets = at::full_like(input_ids, -100);
+  const int64_t length = input_ids.size(1);
+  targets.narrow(1, 0, length - 1).copy_(input_ids.narrow(1, 1, length - 1));
+  return targets;
 }
 
 }  // namespace tdist::models

@@ -6,10 +6,10 @@
 #include <ATen/ATen.h>
 
 #include "tdist/checkpoint/safetensors_file.h"
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/deferred_init.h"
 #include "tdist/models/pretrained.h"
-#include "tdist/util/text.h"
 
 namespace tdist::models {
 namespace {

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tdist/detail/util/text.h"
 #include "tdist/error.h"
-#include "tdist/util/text.h"
 
 namespace tdist::models {
 namespace {

@@ -1,11 +1,11 @@
-#include "direct_collectives.h"
+#include "mpi/direct_collectives.h"
 
 #include <ATen/ATen.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "mpi_types.h"
+#include "mpi/mpi_types.h"
 #include "tdist/error.h"
 
 namespace tdist::mpi::detail {

@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-#include "executor.h"
+#include "mpi/executor.h"
 #include "tdist/comm/types.h"
 
 namespace tdist::mpi::detail {

@@ -1,4 +1,4 @@
-#include "executor.h"
+#include "mpi/executor.h"
 
 #include <algorithm>
 #include <cstdlib>

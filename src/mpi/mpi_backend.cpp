@@ -8,10 +8,10 @@
 
 #include <ATen/ATen.h>
 
-#include "direct_collectives.h"
-#include "executor.h"
-#include "mpi_types.h"
-#include "shm_collectives.h"
+#include "mpi/direct_collectives.h"
+#include "mpi/executor.h"
+#include "mpi/mpi_types.h"
+#include "mpi/shm_collectives.h"
 #include "tdist/error.h"
 
 namespace tdist::mpi {
@@ -63,6 +63,43 @@ void check_root(int root, int size, const char* op) {
   TDIST_CHECK_ARG(root >= 0 && root < size,
                   std::string("mpi: ") + op + ": root " + std::to_string(root) +
                       " is out of range for a group of " + std::to_string(size));
+}
+
+// Note [One prologue]: every op of this backend hands MPI a contiguous host buffer (the
+// tensor itself, or a staged copy: Staged in mpi_types.h), its element count as
+// MPI's int and the MPI datatype of its dtype; StagedBuffer holds the three, and
+// one_request issues the op's single nonblocking call with what runs once it completes.
+struct StagedBuffer {
+  Staged staged;
+  int count = 0;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  void* data() const { return staged.buffer.data_ptr(); }
+};
+
+StagedBuffer staged_buffer(const at::Tensor& tensor, bool for_reduction, const char* op) {
+  Staged staged = stage(tensor, for_reduction);
+  const int count = checked_count(staged.buffer.numel(), op);
+  const MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  return {std::move(staged), count, type};
+}
+
+// `issue(request)` starts one nonblocking MPI call (named `call` in errors).
+template <typename Issue>
+StartedOp one_request(const char* call, Issue&& issue, std::function<void()> on_complete) {
+  StartedOp s;
+  s.requests.resize(1);
+  check_mpi(issue(&s.requests[0]), call);
+  s.on_complete = std::move(on_complete);
+  return s;
+}
+
+// The end of a reduction whose result is in `result`'s buffer: MPI has no average, so AVG
+// reduces with SUM and divides here; then the result goes back to the user's tensor.
+std::function<void()> finish_reduction(Staged result, bool average, int size) {
+  return [result = std::move(result), average, size] {
+    if (average) result.buffer.div_(size);
+    result.copy_back();
+  };
 }
 
 }  // namespace
@@ -227,63 +264,45 @@ WorkPtr submit_shm(CollectiveBackend* backend, const detail::Communicator& comm,
 WorkPtr MPIBackend::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   check_not_broken("broadcast");
   check_root(opts.root, size_, "broadcast");
-  Staged staged = stage(tensor, false);
-  int count = checked_count(staged.buffer.numel(), "broadcast");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  StagedBuffer b = staged_buffer(tensor, false, "broadcast");
   MPI_Comm comm = comm_->comm;
-  int root = opts.root;
+  const int root = opts.root;
   return submit(this, "broadcast", {tensor}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Ibcast(staged.buffer.data_ptr(), count, type, root, comm, &s.requests[0]),
-              "MPI_Ibcast");
-    s.on_complete = [staged] { staged.copy_back(); };
-    return s;
+    return one_request(
+        "MPI_Ibcast",
+        [&](MPI_Request* r) { return MPI_Ibcast(b.data(), b.count, b.type, root, comm, r); },
+        [staged = b.staged] { staged.copy_back(); });
   });
 }
 
 WorkPtr MPIBackend::all_reduce(at::Tensor& tensor, const AllreduceOptions& opts) {
   check_not_broken("all_reduce");
   MPI_Op op = detail::mpi_op(opts.op, tensor.scalar_type());
-  Staged staged = stage(tensor, true);
-  int count = checked_count(staged.buffer.numel(), "all_reduce");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
-  MPI_Comm comm = comm_->comm;
-  const bool average = opts.op == ReduceOp::AVG;
-  const int n = size_;
-  if (detail::use_shm(comm_->shm.get(), staged.buffer.nbytes(), staged.buffer.scalar_type(), true,
-                      opts.op)) {
+  StagedBuffer b = staged_buffer(tensor, true, "all_reduce");
+  const at::Tensor& buffer = b.staged.buffer;
+  auto finish = finish_reduction(b.staged, opts.op == ReduceOp::AVG, size_);
+  if (detail::use_shm(comm_->shm.get(), buffer.nbytes(), buffer.scalar_type(), true, opts.op)) {
     auto ctx = shm_context(*comm_, rank_, "all_reduce", deadline_for(opts));
-    auto op = detail::shm_all_reduce(ctx, staged.buffer, opts.op, [staged, average, n] {
-      if (average) staged.buffer.div_(n);
-      staged.copy_back();
-    });
-    return submit_shm(this, *comm_, "all_reduce", {tensor}, deadline_for(opts),
-                      staged.buffer.nbytes(), std::move(op));
+    auto shm_op = detail::shm_all_reduce(ctx, buffer, opts.op, finish);
+    return submit_shm(this, *comm_, "all_reduce", {tensor}, deadline_for(opts), buffer.nbytes(),
+                      std::move(shm_op));
   }
-  if (detail::use_direct(comm_->env.direct_min_bytes, n, staged.buffer.nbytes(),
-                         staged.buffer.scalar_type(), true, opts.op)) {
+  if (detail::use_direct(comm_->env.direct_min_bytes, size_, buffer.nbytes(), buffer.scalar_type(),
+                         true, opts.op)) {
     auto direct = comm_->direct(rank_, size_);
     const ReduceOp reduce_op = opts.op;
     return submit(this, "all_reduce", {tensor}, deadline_for(opts), comm_->lane, [=] {
-      return detail::direct_all_reduce(direct, staged.buffer, reduce_op, detail::take_tag(direct),
-                                       [staged, average, n] {
-                                         if (average) staged.buffer.div_(n);
-                                         staged.copy_back();
-                                       });
+      return detail::direct_all_reduce(direct, buffer, reduce_op, detail::take_tag(direct), finish);
     });
   }
+  MPI_Comm comm = comm_->comm;
   return submit(this, "all_reduce", {tensor}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, staged.buffer.data_ptr(), count, type, op, comm,
-                             &s.requests[0]),
-              "MPI_Iallreduce");
-    s.on_complete = [staged, average, n] {
-      if (average) staged.buffer.div_(n);
-      staged.copy_back();
-    };
-    return s;
+    return one_request(
+        "MPI_Iallreduce",
+        [&](MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, b.data(), b.count, b.type, op, comm, r);
+        },
+        finish);
   });
 }
 
@@ -319,26 +338,21 @@ WorkPtr MPIBackend::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
   check_not_broken("reduce");
   check_root(opts.root, size_, "reduce");
   MPI_Op op = detail::mpi_op(opts.op, tensor.scalar_type());
-  Staged staged = stage(tensor, true);
-  int count = checked_count(staged.buffer.numel(), "reduce");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  StagedBuffer b = staged_buffer(tensor, true, "reduce");
   MPI_Comm comm = comm_->comm;
   const bool is_root = rank_ == opts.root;
-  const bool average = opts.op == ReduceOp::AVG;
-  const int n = size_, root = opts.root;
+  const int root = opts.root;
+  // Only the root receives the result.
+  std::function<void()> finish = [staged = b.staged] {};
+  if (is_root) finish = finish_reduction(b.staged, opts.op == ReduceOp::AVG, size_);
   return submit(this, "reduce", {tensor}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    void* data = staged.buffer.data_ptr();
-    check_mpi(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr, count, type, op,
-                          root, comm, &s.requests[0]),
-              "MPI_Ireduce");
-    s.on_complete = [staged, average, n, is_root] {
-      if (!is_root) return;
-      if (average) staged.buffer.div_(n);
-      staged.copy_back();
-    };
-    return s;
+    return one_request(
+        "MPI_Ireduce",
+        [&](MPI_Request* r) {
+          return MPI_Ireduce(is_root ? MPI_IN_PLACE : b.data(), is_root ? b.data() : nullptr,
+                             b.count, b.type, op, root, comm, r);
+        },
+        finish);
   });
 }
 
@@ -364,7 +378,7 @@ WorkPtr MPIBackend::all_gather_into_tensor(at::Tensor& output, const at::Tensor&
       in.buffer, out.buffer, {output}, [out, in] { out.copy_back(); }, opts);
 }
 
-// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): the same collective as
+// Note [Placed all-gather] (tdist/detail/comm/placed_all_gather.h): the same collective as
 // all_gather_into_tensor (the same name, sizes and path choice on every rank), so ranks may
 // mix the two. Over shared memory the blocks go to `place` as the op reads them; elsewhere
 // they are gathered rank-major into a scratch buffer and placed from it.
@@ -408,13 +422,13 @@ WorkPtr MPIBackend::gather_off_shm(const at::Tensor& in, const at::Tensor& out,
   MPI_Comm comm = comm_->comm;
   return submit(this, "all_gather_into_tensor", std::move(outputs), deadline_for(opts), comm_->lane,
                 [=] {
-                  StartedOp s;
-                  s.requests.resize(1);
-                  check_mpi(MPI_Iallgather(in.data_ptr(), count, type, out.data_ptr(), count, type,
-                                           comm, &s.requests[0]),
-                            "MPI_Iallgather");
-                  s.on_complete = finally;
-                  return s;
+                  return one_request(
+                      "MPI_Iallgather",
+                      [&](MPI_Request* r) {
+                        return MPI_Iallgather(in.data_ptr(), count, type, out.data_ptr(), count,
+                                              type, comm, r);
+                      },
+                      finally);
                 });
 }
 
@@ -458,25 +472,24 @@ WorkPtr MPIBackend::gather(std::vector<at::Tensor>& outputs, const at::Tensor& i
       TDIST_CHECK_ARG(o.numel() == input.numel(), "mpi: gather: output size differs from input");
     }
   }
-  Staged in = stage(input, false);
-  int count = checked_count(in.buffer.numel(), "gather");
+  StagedBuffer in = staged_buffer(input, false, "gather");
   at::Tensor flat = is_root ? at::empty({input.numel() * size_}, input.options()) : at::Tensor();
-  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
   MPI_Comm comm = comm_->comm;
   const int root = opts.root;
   std::vector<at::Tensor> outs = outputs;
   return submit(this, "gather", outputs, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Igather(in.buffer.data_ptr(), count, type, is_root ? flat.data_ptr() : nullptr,
-                          count, type, root, comm, &s.requests[0]),
-              "MPI_Igather");
-    s.on_complete = [flat, outs, count, in] {
-      for (size_t r = 0; r < outs.size(); ++r) {
-        outs[r].copy_(flat.narrow(0, r * count, count).view(outs[r].sizes()));
-      }
-    };
-    return s;
+    const int count = in.count;
+    return one_request(
+        "MPI_Igather",
+        [&](MPI_Request* r) {
+          return MPI_Igather(in.data(), count, in.type, is_root ? flat.data_ptr() : nullptr, count,
+                             in.type, root, comm, r);
+        },
+        [flat, outs, count, staged = in.staged] {
+          for (size_t i = 0; i < outs.size(); ++i) {
+            outs[i].copy_(flat.narrow(0, i * count, count).view(outs[i].sizes()));
+          }
+        });
   });
 }
 
@@ -498,19 +511,17 @@ WorkPtr MPIBackend::scatter(at::Tensor& output, const std::vector<at::Tensor>& i
     }
     flat = at::cat(parts);
   }
-  Staged out = stage(output, false);
-  int count = checked_count(out.buffer.numel(), "scatter");
-  MPI_Datatype type = detail::mpi_datatype(out.buffer.scalar_type());
+  StagedBuffer out = staged_buffer(output, false, "scatter");
   MPI_Comm comm = comm_->comm;
   const int root = opts.root;
   return submit(this, "scatter", {output}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, count, type, out.buffer.data_ptr(),
-                           count, type, root, comm, &s.requests[0]),
-              "MPI_Iscatter");
-    s.on_complete = [out, flat] { out.copy_back(); };
-    return s;
+    return one_request(
+        "MPI_Iscatter",
+        [&](MPI_Request* r) {
+          return MPI_Iscatter(is_root ? flat.data_ptr() : nullptr, out.count, out.type, out.data(),
+                              out.count, out.type, root, comm, r);
+        },
+        [staged = out.staged, flat] { staged.copy_back(); });
   });
 }
 
@@ -523,48 +534,36 @@ WorkPtr MPIBackend::reduce_scatter_tensor(at::Tensor& output, const at::Tensor& 
                       " elements, expected output's " + std::to_string(output.numel()) +
                       " x world size " + std::to_string(size_));
   MPI_Op op = detail::mpi_op(opts.op, input.scalar_type());
-  Staged in = stage(input, true);
-  Staged out = stage(output, true);
-  int count = checked_count(out.buffer.numel(), "reduce_scatter_tensor");
-  checked_count(in.buffer.numel(), "reduce_scatter_tensor");
-  MPI_Datatype type = detail::mpi_datatype(in.buffer.scalar_type());
-  MPI_Comm comm = comm_->comm;
-  const bool average = opts.op == ReduceOp::AVG;
-  const int n = size_;
-  if (detail::use_shm(comm_->shm.get(), in.buffer.nbytes(), in.buffer.scalar_type(), true,
+  StagedBuffer in = staged_buffer(input, true, "reduce_scatter_tensor");
+  StagedBuffer out = staged_buffer(output, true, "reduce_scatter_tensor");
+  const at::Tensor& in_buffer = in.staged.buffer;
+  const at::Tensor& out_buffer = out.staged.buffer;
+  auto reduced = finish_reduction(out.staged, opts.op == ReduceOp::AVG, size_);
+  auto finish = [reduced, staged_in = in.staged] { reduced(); };  // the input lives until then
+  if (detail::use_shm(comm_->shm.get(), in_buffer.nbytes(), in_buffer.scalar_type(), true,
                       opts.op)) {
     auto ctx = shm_context(*comm_, rank_, "reduce_scatter_tensor", deadline_for(opts));
-    auto op =
-        detail::shm_reduce_scatter(ctx, in.buffer, out.buffer, opts.op, [out, in, average, n] {
-          if (average) out.buffer.div_(n);
-          out.copy_back();
-        });
+    auto shm_op = detail::shm_reduce_scatter(ctx, in_buffer, out_buffer, opts.op, finish);
     return submit_shm(this, *comm_, "reduce_scatter_tensor", {output}, deadline_for(opts),
-                      in.buffer.nbytes(), std::move(op));
+                      in_buffer.nbytes(), std::move(shm_op));
   }
-  if (detail::use_direct(comm_->env.direct_min_bytes, n, in.buffer.nbytes(),
-                         in.buffer.scalar_type(), true, opts.op)) {
+  if (detail::use_direct(comm_->env.direct_min_bytes, size_, in_buffer.nbytes(),
+                         in_buffer.scalar_type(), true, opts.op)) {
     auto direct = comm_->direct(rank_, size_);
     const ReduceOp reduce_op = opts.op;
     return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), comm_->lane, [=] {
-      return detail::direct_reduce_scatter(direct, in.buffer, out.buffer, reduce_op,
-                                           detail::take_tag(direct), [out, average, n] {
-                                             if (average) out.buffer.div_(n);
-                                             out.copy_back();
-                                           });
+      return detail::direct_reduce_scatter(direct, in_buffer, out_buffer, reduce_op,
+                                           detail::take_tag(direct), reduced);
     });
   }
+  MPI_Comm comm = comm_->comm;
   return submit(this, "reduce_scatter_tensor", {output}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Ireduce_scatter_block(in.buffer.data_ptr(), out.buffer.data_ptr(), count, type,
-                                        op, comm, &s.requests[0]),
-              "MPI_Ireduce_scatter_block");
-    s.on_complete = [out, in, average, n] {
-      if (average) out.buffer.div_(n);
-      out.copy_back();
-    };
-    return s;
+    return one_request(
+        "MPI_Ireduce_scatter_block",
+        [&](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(in.data(), out.data(), out.count, out.type, op, comm, r);
+        },
+        finish);
   });
 }
 
@@ -629,17 +628,17 @@ WorkPtr MPIBackend::all_to_all_single(at::Tensor& output, const at::Tensor& inpu
   return submit(this, "all_to_all_single", {output}, deadline_for(opts), comm_->lane,
                 [=, send_counts = send_counts, send_displs = send_displs, recv_counts = recv_counts,
                  recv_displs = recv_displs] {
-                  StartedOp s;
-                  s.requests.resize(1);
-                  check_mpi(
-                      MPI_Ialltoallv(in.buffer.data_ptr(), send_counts.data(), send_displs.data(),
-                                     type, out.buffer.data_ptr(), recv_counts.data(),
-                                     recv_displs.data(), type, comm, &s.requests[0]),
-                      "MPI_Ialltoallv");
                   // MPI reads the count arrays until completion: they live in this
                   // lambda's captures, which the executor keeps until the op completes.
-                  s.on_complete = [out, in] { out.copy_back(); };
-                  return s;
+                  return one_request(
+                      "MPI_Ialltoallv",
+                      [&](MPI_Request* r) {
+                        return MPI_Ialltoallv(in.buffer.data_ptr(), send_counts.data(),
+                                              send_displs.data(), type, out.buffer.data_ptr(),
+                                              recv_counts.data(), recv_displs.data(), type, comm,
+                                              r);
+                      },
+                      [out, in] { out.copy_back(); });
                 });
 }
 
@@ -679,46 +678,36 @@ WorkPtr MPIBackend::barrier(const BarrierOptions& opts) {
   check_not_broken("barrier");
   MPI_Comm comm = comm_->comm;
   return submit(this, "barrier", {}, deadline_for(opts), comm_->lane, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Ibarrier(comm, &s.requests[0]), "MPI_Ibarrier");
-    return s;
+    return one_request(
+        "MPI_Ibarrier", [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr);
   });
 }
 
 WorkPtr MPIBackend::send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) {
   check_not_broken("send");
   check_root(dst, size_, "send (dst)");
-  Staged staged = stage(tensor, false);
-  int count = checked_count(staged.buffer.numel(), "send");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  StagedBuffer b = staged_buffer(tensor, false, "send");
   MPI_Comm comm = comm_->comm;
   const int tag = opts.tag_id;
   return submit(this, "send", {}, deadline_for(opts), nullptr, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Isend(staged.buffer.data_ptr(), count, type, dst, tag, comm, &s.requests[0]),
-              "MPI_Isend");
-    s.on_complete = [staged] {};
-    return s;
+    return one_request(
+        "MPI_Isend",
+        [&](MPI_Request* r) { return MPI_Isend(b.data(), b.count, b.type, dst, tag, comm, r); },
+        [staged = b.staged] {});
   });
 }
 
 WorkPtr MPIBackend::recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) {
   check_not_broken("recv");
   check_root(src, size_, "recv (src)");
-  Staged staged = stage(tensor, false);
-  int count = checked_count(staged.buffer.numel(), "recv");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  StagedBuffer b = staged_buffer(tensor, false, "recv");
   MPI_Comm comm = comm_->comm;
   const int tag = opts.tag_id;
   return submit(this, "recv", {tensor}, deadline_for(opts), nullptr, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    check_mpi(MPI_Irecv(staged.buffer.data_ptr(), count, type, src, tag, comm, &s.requests[0]),
-              "MPI_Irecv");
-    s.on_complete = [staged] { staged.copy_back(); };
-    return s;
+    return one_request(
+        "MPI_Irecv",
+        [&](MPI_Request* r) { return MPI_Irecv(b.data(), b.count, b.type, src, tag, comm, r); },
+        [staged = b.staged] { staged.copy_back(); });
   });
 }
 
@@ -727,23 +716,22 @@ WorkPtr MPIBackend::recv_anysource(at::Tensor& tensor, const SendRecvOptions& op
   TDIST_CHECK_ARG(size_ > 1, "mpi: rank " + std::to_string(rank_) +
                                  ": a receive from any source in a group of one rank would "
                                  "wait forever");
-  Staged staged = stage(tensor, false);
-  int count = checked_count(staged.buffer.numel(), "recv");
-  MPI_Datatype type = detail::mpi_datatype(staged.buffer.scalar_type());
+  StagedBuffer b = staged_buffer(tensor, false, "recv");
   MPI_Comm comm = comm_->comm;
   const int tag = opts.tag_id;
   auto source = std::make_shared<int>(-1);
   WorkPtr work = submit(this, "recv (any source)", {tensor}, deadline_for(opts), nullptr, [=] {
-    StartedOp s;
-    s.requests.resize(1);
-    s.statuses = std::make_shared<std::vector<MPI_Status>>(1);
-    check_mpi(
-        MPI_Irecv(staged.buffer.data_ptr(), count, type, MPI_ANY_SOURCE, tag, comm, &s.requests[0]),
-        "MPI_Irecv(MPI_ANY_SOURCE)");
-    s.on_complete = [staged, statuses = s.statuses, source] {
-      *source = (*statuses)[0].MPI_SOURCE;
-      staged.copy_back();
-    };
+    auto statuses = std::make_shared<std::vector<MPI_Status>>(1);
+    StartedOp s = one_request(
+        "MPI_Irecv(MPI_ANY_SOURCE)",
+        [&](MPI_Request* r) {
+          return MPI_Irecv(b.data(), b.count, b.type, MPI_ANY_SOURCE, tag, comm, r);
+        },
+        [staged = b.staged, statuses, source] {
+          *source = (*statuses)[0].MPI_SOURCE;
+          staged.copy_back();
+        });
+    s.statuses = statuses;
     return s;
   });
   // Runs before waiters wake (Work::then), so source_rank() is set once wait() returns.

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "tdist/detail/util/env.h"
 #include "tdist/error.h"
-#include "tdist/util/env.h"
 
 namespace tdist::mpi::detail {
 

@@ -1,4 +1,4 @@
-#include "mpi_types.h"
+#include "mpi/mpi_types.h"
 
 #include <c10/core/ScalarType.h>
 

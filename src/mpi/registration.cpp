@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "executor.h"
+#include "mpi/executor.h"
 #include "tdist/comm/backend.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"

@@ -1,4 +1,4 @@
-#include "shm_collectives.h"
+#include "mpi/shm_collectives.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,12 +13,12 @@
 #include <cstring>
 #include <random>
 
-#include "direct_collectives.h"
-#include "tdist/comm/engine/cpu_relax.h"
-#include "tdist/comm/engine/peer_memory.h"
-#include "tdist/comm/engine/reduce_kernels.h"
-#include "tdist/comm/engine/same_host.h"
-#include "tdist/comm/engine/shm_object.h"
+#include "mpi/direct_collectives.h"
+#include "tdist/detail/comm/engine/cpu_relax.h"
+#include "tdist/detail/comm/engine/peer_memory.h"
+#include "tdist/detail/comm/engine/reduce_kernels.h"
+#include "tdist/detail/comm/engine/same_host.h"
+#include "tdist/detail/comm/engine/shm_object.h"
 #include "tdist/error.h"
 
 namespace tdist::mpi::detail {
@@ -185,13 +185,13 @@ using ::tdist::detail::PiecePhase;
 using ::tdist::detail::SameHostOp;
 using ::tdist::detail::span_of;
 
-// The MPI backend's channel to the same-host engine (tdist/comm/engine/same_host.h), one per
+// The MPI backend's channel to the same-host engine (tdist/detail/comm/engine/same_host.h), one per
 // op: the window's fixed halves (ops larger than a half run as pieces), announcements in the
 // segment header, and flags that a wait spins on for at most kSpin before handing the
 // executor back (Note [Shared-memory collectives]).
-class MpiSameHostChannel final : public ::tdist::detail::SameHostChannel {
+class MPISameHostChannel final : public ::tdist::detail::SameHostChannel {
  public:
-  explicit MpiSameHostChannel(ShmOpContext ctx) : ctx_(std::move(ctx)), w_(*ctx_.window) {}
+  explicit MPISameHostChannel(ShmOpContext ctx) : ctx_(std::move(ctx)), w_(*ctx_.window) {}
 
   int rank() const override { return w_.rank(); }
   int size() const override { return w_.size(); }
@@ -288,7 +288,7 @@ class MpiSameHostChannel final : public ::tdist::detail::SameHostChannel {
 // it.
 struct PolledOp {
   explicit PolledOp(ShmOpContext ctx) : channel(std::move(ctx)) {}
-  MpiSameHostChannel channel;
+  MPISameHostChannel channel;
   std::vector<at::Tensor> tensors;
   std::unique_ptr<SameHostOp> op;
 };
@@ -312,7 +312,7 @@ StartedOp started(ShmOpContext ctx, std::vector<at::Tensor> tensors, Make make,
 StartedOp shm_all_reduce(ShmOpContext ctx, at::Tensor buffer, ReduceOp op,
                          std::function<void()> finally) {
   auto fold = fold_for(op, buffer);
-  auto make = [&](MpiSameHostChannel& ch) {
+  auto make = [&](MPISameHostChannel& ch) {
     return SameHostOp::all_reduce(ch, span_of(buffer), std::move(fold));
   };
   return started(std::move(ctx), {buffer}, make, std::move(finally));
@@ -321,7 +321,7 @@ StartedOp shm_all_reduce(ShmOpContext ctx, at::Tensor buffer, ReduceOp op,
 StartedOp shm_reduce_scatter(ShmOpContext ctx, at::Tensor in, at::Tensor out, ReduceOp op,
                              std::function<void()> finally) {
   auto fold = fold_for(op, in);
-  auto make = [&](MpiSameHostChannel& ch) {
+  auto make = [&](MPISameHostChannel& ch) {
     return SameHostOp::reduce_scatter(ch, span_of(in), span_of(out), std::move(fold));
   };
   return started(std::move(ctx), {in, out}, make, std::move(finally));
@@ -329,7 +329,7 @@ StartedOp shm_reduce_scatter(ShmOpContext ctx, at::Tensor in, at::Tensor out, Re
 
 StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
                          std::function<void()> finally) {
-  auto make = [&](MpiSameHostChannel& ch) {
+  auto make = [&](MPISameHostChannel& ch) {
     return SameHostOp::all_gather(ch, span_of(in), span_of(out));
   };
   return started(std::move(ctx), {in, out}, make, std::move(finally));
@@ -337,7 +337,7 @@ StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
 
 StartedOp shm_all_gather_placed(ShmOpContext ctx, at::Tensor in, BlockPlacer place,
                                 std::function<void()> finally) {
-  auto make = [&](MpiSameHostChannel& ch) {
+  auto make = [&](MPISameHostChannel& ch) {
     return SameHostOp::all_gather_placed(ch, span_of(in), std::move(place));
   };
   return started(std::move(ctx), {in}, make, std::move(finally));

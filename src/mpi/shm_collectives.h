@@ -5,8 +5,8 @@
 // reduce_scatter_tensor and all_gather_into_tensor move their data through shared memory
 // the ranks map, instead of MPI messages: no MPI call, no rendezvous, no message matching,
 // and each byte copied once into and once out of the staging area. The ops are the
-// same-host engine's (Note [Same-host collectives] in tdist/comm/engine/same_host.h); this
-// backend gives it a channel (MpiSameHostChannel in the .cpp) over a ShmWindow.
+// same-host engine's (Note [Same-host collectives] in tdist/detail/comm/engine/same_host.h); this
+// backend gives it a channel (MPISameHostChannel in the .cpp) over a ShmWindow.
 //
 // Staging: each rank owns one POSIX shared-memory segment (created and mapped by every peer
 // when the backend is built, a collective step, then unlinked so nothing outlives the
@@ -77,11 +77,11 @@
 #include <string>
 #include <vector>
 
-#include "executor.h"
+#include "mpi/executor.h"
 #include "mpi/mpi_environment.h"
 #include "tdist/comm/collective_backend.h"
-#include "tdist/comm/engine/symmetric_registry.h"
 #include "tdist/comm/types.h"
+#include "tdist/detail/comm/engine/symmetric_registry.h"
 
 namespace tdist::mpi::detail {
 
@@ -181,7 +181,7 @@ StartedOp shm_reduce_scatter(ShmOpContext ctx, at::Tensor in, at::Tensor out, Re
 StartedOp shm_all_gather(ShmOpContext ctx, at::Tensor in, at::Tensor out,
                          std::function<void()> finally);
 
-/// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): every rank's `in` handed to
+/// Note [Placed all-gather] (tdist/detail/comm/placed_all_gather.h): every rank's `in` handed to
 /// `place` (once per rank, on the executor thread, before `finally`).
 using BlockPlacer = CollectiveBackend::BlockPlacer;
 StartedOp shm_all_gather_placed(ShmOpContext ctx, at::Tensor in, BlockPlacer place,

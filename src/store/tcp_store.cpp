@@ -14,14 +14,14 @@ using detail::store_proto::Op;
 using detail::store_proto::Request;
 using detail::store_proto::Status;
 
-class TCPStore::Server : public detail::TcpStoreServer {
+class TCPStore::Server : public detail::TCPStoreServer {
  public:
-  using TcpStoreServer::TcpStoreServer;
+  using TCPStoreServer::TCPStoreServer;
 };
 
-class TCPStore::Client : public detail::TcpStoreClient {
+class TCPStore::Client : public detail::TCPStoreClient {
  public:
-  using TcpStoreClient::TcpStoreClient;
+  using TCPStoreClient::TCPStoreClient;
 };
 
 namespace {
@@ -110,7 +110,7 @@ bool TCPStore::is_server() const {
 
 namespace {
 
-void check_reply(const detail::TcpStoreClient::Reply& reply, const std::string& op) {
+void check_reply(const detail::TCPStoreClient::Reply& reply, const std::string& op) {
   if (reply.status == Status::kError) {
     TDIST_THROW(StoreError, "TCPStore::" + op + ": " + text_of(reply.body));
   }

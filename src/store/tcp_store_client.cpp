@@ -11,7 +11,7 @@ using store_proto::Op;
 using store_proto::Request;
 using store_proto::Status;
 
-TcpStoreClient::TcpStoreClient(std::string host, int port,
+TCPStoreClient::TCPStoreClient(std::string host, int port,
                                std::chrono::milliseconds connect_timeout, std::string secret,
                                store_proto::Limits limits)
     : host_(std::move(host)),
@@ -20,7 +20,7 @@ TcpStoreClient::TcpStoreClient(std::string host, int port,
       secret_(std::move(secret)),
       limits_(limits) {}
 
-Socket TcpStoreClient::open(const SlowConnectNotice& notice) {
+Socket TCPStoreClient::open(const SlowConnectNotice& notice) {
   Socket sock = connect_with_retry(host_, port_, connect_timeout_, notice);
   const Deadline deadline = deadline_after(connect_timeout_);
   const std::string what = "TCPStore handshake with " + where();
@@ -82,13 +82,13 @@ Socket TcpStoreClient::open(const SlowConnectNotice& notice) {
   return sock;
 }
 
-void TcpStoreClient::connect_now(const SlowConnectNotice& notice) {
+void TCPStoreClient::connect_now(const SlowConnectNotice& notice) {
   Socket sock = open(notice);
   std::lock_guard<std::mutex> lock(mutex_);
   idle_.push_back(std::move(sock));
 }
 
-void TcpStoreClient::check_limits(const Request& request) const {
+void TCPStoreClient::check_limits(const Request& request) const {
   for (const auto& key : request.keys) {
     if (key.size() > limits_.max_key_bytes) {
       TDIST_THROW(InvalidArgument, "TCPStore: a key of " + std::to_string(key.size()) +
@@ -121,7 +121,7 @@ void TcpStoreClient::check_limits(const Request& request) const {
   }
 }
 
-TcpStoreClient::Reply TcpStoreClient::call(const Request& request,
+TCPStoreClient::Reply TCPStoreClient::call(const Request& request,
                                            std::chrono::milliseconds io_timeout) {
   check_limits(request);
   Socket sock;

@@ -13,9 +13,9 @@
 
 namespace tdist::detail {
 
-class TcpStoreClient {
+class TCPStoreClient {
  public:
-  TcpStoreClient(std::string host, int port, std::chrono::milliseconds connect_timeout,
+  TCPStoreClient(std::string host, int port, std::chrono::milliseconds connect_timeout,
                  std::string secret, store_proto::Limits limits);
 
   struct Reply {

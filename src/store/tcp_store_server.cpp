@@ -64,7 +64,7 @@ bool parse_int(const std::vector<uint8_t>& value, int64_t* out) {
 
 }  // namespace
 
-struct TcpStoreServer::State {
+struct TCPStoreServer::State {
   std::string secret;
   store_proto::Limits limits;
   std::unordered_map<std::string, std::vector<uint8_t>> data;
@@ -298,7 +298,7 @@ struct TcpStoreServer::State {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& address, int port, std::string secret,
+TCPStoreServer::TCPStoreServer(const std::string& address, int port, std::string secret,
                                store_proto::Limits limits)
     : address_(address), state_(std::make_unique<State>()) {
   state_->secret = std::move(secret);
@@ -313,14 +313,14 @@ TcpStoreServer::TcpStoreServer(const std::string& address, int port, std::string
   thread_ = std::thread([this] { run(); });
 }
 
-TcpStoreServer::~TcpStoreServer() {
+TCPStoreServer::~TCPStoreServer() {
   stop_ = true;
   char byte = 1;
   (void)!::write(wake_write_.fd(), &byte, 1);
   if (thread_.joinable()) thread_.join();
 }
 
-void TcpStoreServer::run() {
+void TCPStoreServer::run() {
   State& s = *state_;
   std::vector<pollfd> fds;
   std::vector<uint8_t> chunk(kReadChunk);
@@ -406,7 +406,7 @@ void TcpStoreServer::run() {
 }
 
 // New connections: each gets a hello (and a nonce to answer when auth is on).
-void TcpStoreServer::accept_all() {
+void TCPStoreServer::accept_all() {
   State& s = *state_;
   while (true) {
     int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);

@@ -15,14 +15,14 @@
 
 namespace tdist::detail {
 
-class TcpStoreServer {
+class TCPStoreServer {
  public:
   /// Binds address:port (port 0: ephemeral) and starts serving. secret empty: no auth.
-  TcpStoreServer(const std::string& address, int port, std::string secret,
+  TCPStoreServer(const std::string& address, int port, std::string secret,
                  store_proto::Limits limits);
-  ~TcpStoreServer();
-  TcpStoreServer(const TcpStoreServer&) = delete;
-  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  ~TCPStoreServer();
+  TCPStoreServer(const TCPStoreServer&) = delete;
+  TCPStoreServer& operator=(const TCPStoreServer&) = delete;
 
   int port() const { return port_; }
   const std::string& address() const { return address_; }

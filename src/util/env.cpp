@@ -1,4 +1,4 @@
-#include "tdist/util/env.h"
+#include "tdist/detail/util/env.h"
 
 #include <cerrno>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "tdist/util/openblas_core.h"
+#include "tdist/detail/util/openblas_core.h"
 
 #include <dlfcn.h>
 

@@ -1,10 +1,10 @@
-#include "tdist/util/optimizer_state.h"
+#include "tdist/detail/util/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim.h>
 
+#include "tdist/detail/util/torch_compat.h"
 #include "tdist/error.h"
-#include "tdist/util/torch_compat.h"
 
 namespace tdist::util {
 namespace {

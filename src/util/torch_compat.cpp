@@ -1,4 +1,4 @@
-#include "tdist/util/torch_compat.h"
+#include "tdist/detail/util/torch_compat.h"
 
 #include <mutex>
 

@@ -1,7 +1,7 @@
-// PyTorch's distributed checkpoint format (SaveOptions::format(kDcp)) within tdist: round
+// PyTorch's distributed checkpoint format (SaveOptions::format(kDCP)) within tdist: round
 // trips resharded across world sizes and layouts, the extra state, and every way a DCP
 // directory can be bad (a refused global in .metadata, a flipped byte, a missing file).
-// Python's side of the format is tested in test_checkpoint_fsdp (DcpInterop).
+// Python's side of the format is tested in test_checkpoint_fsdp (DCPInterop).
 
 #include <filesystem>
 #include <fstream>
@@ -24,7 +24,7 @@ using namespace tdist::checkpoint::testing;
 namespace fs = std::filesystem;
 
 SaveOptions dcp_save(CoordinatorPtr c) {
-  return SaveOptions().coordinator(std::move(c)).fsync(false).format(CheckpointFormat::kDcp);
+  return SaveOptions().coordinator(std::move(c)).fsync(false).format(CheckpointFormat::kDCP);
 }
 
 using tdist::testing::error_of;
@@ -40,26 +40,26 @@ std::string saved_dcp(int seed, int world, Layout layout) {
   return dir;
 }
 
-TEST(DcpFormat, LaysOutFilesAsFileSystemWriterDoes) {
+TEST(DCPFormat, LaysOutFilesAsFileSystemWriterDoes) {
   const std::string dir = saved_dcp(3, 3, Layout::kEven);
   const auto files = list_dir(dir);
   EXPECT_NE(std::find(files.begin(), files.end(), ".metadata"), files.end());
   EXPECT_NE(std::find(files.begin(), files.end(), "__0_0.distcp"), files.end());
   EXPECT_EQ(std::find(files.begin(), files.end(), kMetadataFile), files.end());
   const CheckpointMetadata m = read_metadata(dir);
-  EXPECT_EQ(m.format, CheckpointFormat::kDcp);
+  EXPECT_EQ(m.format, CheckpointFormat::kDCP);
   EXPECT_EQ(m.world_size, 3);
   EXPECT_EQ(m.tensors.size(), reference_tensors(3).size());
   EXPECT_EQ(verify(dir, true).status, CheckpointStatus::kComplete);
 }
 
 // Every (N, M) in 1..4 x 1..4, saved and loaded in different layouts, as tdist's format.
-TEST(DcpFormat, ReshardsAcrossWorldSizesAndLayouts) {
+TEST(DCPFormat, ReshardsAcrossWorldSizesAndLayouts) {
   expect_reshards_every_world_pair(reference_tensors(4), dcp_save,
                                    {Layout::kUneven, Layout::kDim1, Layout::kEven, Layout::kWhole});
 }
 
-TEST(DcpFormat, ExportsWholeTensorsAndConvertsToTdistsFormat) {
+TEST(DCPFormat, ExportsWholeTensorsAndConvertsToTdistsFormat) {
   const auto full = reference_tensors(5);
   const std::string dir = saved_dcp(5, 2, Layout::kUneven);
   const TensorMap whole = read_full_tensors(dir);
@@ -76,7 +76,7 @@ TEST(DcpFormat, ExportsWholeTensorsAndConvertsToTdistsFormat) {
   }
 }
 
-TEST(DcpFormat, ValuesConvertToTheTargetDtypeAsDcpLoadDoes) {
+TEST(DCPFormat, ValuesConvertToTheTargetDtypeAsDcpLoadDoes) {
   // Python saves Adam's step as a float32 scalar; tdist keeps it as int64.
   const std::string dir = tdist::testing::make_temp_dir("dcp") + "/ckpt";
   ShardedStateDict saved{{"step", ShardedTensor::whole(at::scalar_tensor(7.0, at::kFloat))}};
@@ -90,7 +90,7 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-TEST(DcpFormat, AMetadataPickleNamingAnyOtherGlobalIsRefusedUnrun) {
+TEST(DCPFormat, AMetadataPickleNamingAnyOtherGlobalIsRefusedUnrun) {
   const std::string dir = saved_dcp(6, 1, Layout::kWhole);
   const std::string marker = tdist::testing::make_temp_dir("dcp") + "/ran";
   // os.system("touch <marker>"): what a malicious .metadata would do under pickle.load.
@@ -110,7 +110,7 @@ TEST(DcpFormat, AMetadataPickleNamingAnyOtherGlobalIsRefusedUnrun) {
   EXPECT_EQ(verify(dir).status, CheckpointStatus::kCorrupt);
 }
 
-TEST(DcpFormat, ATruncatedOrForeignMetadataIsAClearError) {
+TEST(DCPFormat, ATruncatedOrForeignMetadataIsAClearError) {
   const std::string dir = saved_dcp(7, 2, Layout::kEven);
   std::ifstream in(dir + "/.metadata", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -125,7 +125,7 @@ TEST(DcpFormat, ATruncatedOrForeignMetadataIsAClearError) {
 
 // Found by fuzz/dcp_metadata_fuzzer.cpp: chunk boxes were taken as the file said, so a chunk
 // outside its tensor, a negative extent or an element count past int64 reached the reader.
-TEST(DcpFormat, ChunksOutsideTheirTensorAreRefused) {
+TEST(DCPFormat, ChunksOutsideTheirTensorAreRefused) {
   const std::string dir = saved_dcp(8, 2, Layout::kEven);
   const CheckpointMetadata saved = read_metadata(dir);
   std::string name;  // a matrix with data
@@ -156,7 +156,7 @@ TEST(DcpFormat, ChunksOutsideTheirTensorAreRefused) {
   }
 }
 
-TEST(DcpFormat, AFlippedByteInADataFileIsCaughtAndNamed) {
+TEST(DCPFormat, AFlippedByteInADataFileIsCaughtAndNamed) {
   // Chunks of 8 KiB: the middle of each torch.save blob is tensor data, under its zip CRC.
   const std::map<std::string, at::Tensor> full{{"big", at::randn({64, 64})}};
   const std::string dir = tdist::testing::make_temp_dir("dcp") + "/ckpt";
@@ -176,7 +176,7 @@ TEST(DcpFormat, AFlippedByteInADataFileIsCaughtAndNamed) {
   EXPECT_NO_THROW(load(target, dir, LoadOptions().verify(false)));
 }
 
-TEST(DcpFormat, AMissingDataFileIsNamed) {
+TEST(DCPFormat, AMissingDataFileIsNamed) {
   const std::string dir = saved_dcp(9, 3, Layout::kEven);
   fs::remove(dir + "/__1_0.distcp");
   const VerifyReport report = verify(dir);

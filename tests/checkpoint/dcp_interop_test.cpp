@@ -19,6 +19,7 @@
 
 #include "support/expect.h"
 #include "support/ranks.h"
+#include "support/tensors.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/metadata.h"
 #include "tdist/checkpoint/module_state.h"
@@ -30,10 +31,11 @@
 namespace tdist::checkpoint {
 namespace {
 
+using tdist::testing::bitwise_equal;
 using tdist::testing::env_str;
 
-struct DcpMlpImpl : torch::nn::Module {
-  DcpMlpImpl() {
+struct DCPMlpImpl : torch::nn::Module {
+  DCPMlpImpl() {
     fc1 = register_module("fc1", torch::nn::Linear(5, 7));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({7})));
     fc2 = register_module("fc2", torch::nn::Linear(7, 3));
@@ -48,7 +50,7 @@ struct DcpMlpImpl : torch::nn::Module {
   torch::nn::Linear fc2{nullptr};
   torch::Tensor scale;
 };
-TORCH_MODULE(DcpMlp);
+TORCH_MODULE(DCPMlp);
 
 using tdist::testing::test_python;
 
@@ -102,14 +104,10 @@ void run_python(const std::vector<std::string>& args) {
   EXPECT_NE(out.find("OK " + args[0]), std::string::npos) << out;
 }
 
-void shard(DcpMlp& m) {
+void shard(DCPMlp& m) {
   fsdp::fully_shard(m->fc1);
   fsdp::fully_shard(m->fc2);
   fsdp::fully_shard(m);
-}
-
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b);
 }
 
 /// The model's (and, unless the checkpoint has none, Adam's) full state equals ref.pt.
@@ -145,14 +143,14 @@ TDIST_SCENARIO(dcp_tdist_save) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const std::string dir = env_str("CK_DIR");
   torch::manual_seed(11);
-  DcpMlp m;
+  DCPMlp m;
   shard(m);
   torch::optim::Adam opt(m->parameters(), kParamGroup());
   torch::manual_seed(200 + get_rank());
   fsdp::forward(m, torch::randn({4, 5})).square().mean().backward();
   opt.step();
   save_module(*m, &opt, {}, dir + "/ckpt",
-              SaveOptions().fsync(false).format(CheckpointFormat::kDcp));
+              SaveOptions().fsync(false).format(CheckpointFormat::kDCP));
   TensorMap ref;
   for (const auto& [name, t] : module_tensors(*m)) ref[kModelPrefix + name] = t;  // collective
   const auto full = fsdp::StateDictOptions().full_state_dict(true);
@@ -167,7 +165,7 @@ TDIST_SCENARIO(dcp_tdist_save) {
 TDIST_SCENARIO(dcp_tdist_load) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const std::string dir = env_str("CK_DIR");
-  DcpMlp m;
+  DCPMlp m;
   shard(m);
   torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(0.01));
   load_module(*m, &opt, dir + "/ckpt");
@@ -176,7 +174,7 @@ TDIST_SCENARIO(dcp_tdist_load) {
   destroy_process_group();
 }
 
-TEST(DcpInterop, PythonLoadsWhatTdistsFsdpSavedAtThree) {
+TEST(DCPInterop, PythonLoadsWhatTdistsFsdpSavedAtThree) {
   if (!python_unavailable().empty()) GTEST_SKIP() << python_unavailable();
   const std::string dir = tdist::testing::make_temp_dir("dcp");
   tdist::testing::ProcessOptions options;
@@ -187,7 +185,7 @@ TEST(DcpInterop, PythonLoadsWhatTdistsFsdpSavedAtThree) {
   run_python({"load", "fsdp2", dir, "2"});
 }
 
-TEST(DcpInterop, TdistLoadsPythonsPlainFsdp2AndDdpCheckpoints) {
+TEST(DCPInterop, TdistLoadsPythonsPlainFsdp2AndDdpCheckpoints) {
   if (!python_unavailable().empty()) GTEST_SKIP() << python_unavailable();
   struct Case {
     const char* kind;
@@ -200,7 +198,7 @@ TEST(DcpInterop, TdistLoadsPythonsPlainFsdp2AndDdpCheckpoints) {
     const std::string dir = tdist::testing::make_temp_dir("dcp");
     run_python({"save", c.kind, dir, c.world});
     {  // into a plain model in this (uninitialised) process
-      DcpMlp m;
+      DCPMlp m;
       torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(0.01));
       const LoadResult r = load_module(*m, c.with_optimizer ? &opt : nullptr, dir + "/ckpt");
       EXPECT_TRUE(r.missing_keys.empty());
@@ -212,7 +210,7 @@ TEST(DcpInterop, TdistLoadsPythonsPlainFsdp2AndDdpCheckpoints) {
                               again + " >" + dir + "/inspect.txt 2>&1";
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
       EXPECT_EQ(read_metadata(again).world_size, 1);
-      DcpMlp m;
+      DCPMlp m;
       torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(0.01));
       load_module(*m, c.with_optimizer ? &opt : nullptr, again);
       expect_matches_python_reference(*m, opt, dir + "/ref.pt", c.with_optimizer,

@@ -14,6 +14,7 @@
 
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
+#include "support/tensors.h"
 #include "tdist/checkpoint/checkpoint_manager.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/checkpoint/metadata.h"
@@ -35,6 +36,7 @@ using fsdp::testing::TinyTransformer;
 constexpr int64_t kLocalBatch = 2;
 constexpr int kTrainSteps = 3;
 
+using tdist::testing::bitwise_equal;
 using tdist::testing::env_str;
 
 TinyConfig config() {
@@ -69,10 +71,6 @@ double train_step(TinyTransformer& m, torch::optim::Optimizer& opt, int step) {
   auto global = torch::tensor({loss.item<double>()}, torch::kFloat64);
   all_reduce(global);
   return global.item<double>() / world;
-}
-
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b);
 }
 
 /// Expects `got` (whole tensors) to equal the reference checkpoint's `prefix` tensors.
@@ -137,9 +135,9 @@ TDIST_SCENARIO(ck_load) {
   init_process_group(InitProcessGroupOptions().backend("gloo"));
   const std::string dir = env_str("CK_DIR");
   TinyTransformer m = make_model(999);
-  std::unique_ptr<ddp::DistributedDataParallel> ddp;
+  std::unique_ptr<ddp::DistributedDataParallel<TinyTransformer>> ddp;
   if (env_str("CK_MODE") == "ddp") {
-    ddp = std::make_unique<ddp::DistributedDataParallel>(m);
+    ddp = std::make_unique<ddp::DistributedDataParallel<TinyTransformer>>(m);
   } else {
     shard(m);
   }

@@ -79,7 +79,7 @@ void train_step(PgNet& m, torch::optim::Optimizer& opt) {
 }
 
 SaveOptions options_for(const std::string& format) {
-  return SaveOptions().fsync(false).format(format == "dcp" ? CheckpointFormat::kDcp
+  return SaveOptions().fsync(false).format(format == "dcp" ? CheckpointFormat::kDCP
                                                            : CheckpointFormat::kTdist);
 }
 

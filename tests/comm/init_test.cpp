@@ -6,8 +6,8 @@
 #include <torch/torch.h>
 
 #include "comm/comm_test_util.h"
+#include "tdist/detail/util/openblas_core.h"
 #include "tdist/store/tcp_store.h"
-#include "tdist/util/openblas_core.h"
 
 namespace tdist {
 namespace {

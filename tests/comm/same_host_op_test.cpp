@@ -1,4 +1,4 @@
-// The same-host engine (tdist/comm/engine/same_host.h) on its own: ranks as threads of this
+// The same-host engine (tdist/detail/comm/engine/same_host.h) on its own: ranks as threads of this
 // process over an in-memory channel with tiny pieces and a wait that sometimes hands control
 // back, so every op runs as many resumed pieces. Results are checked bitwise against a left
 // fold over ranks computed here, for staged, plain-direct and symmetric tensors, at worlds
@@ -19,9 +19,9 @@
 
 #include <ATen/ATen.h>
 
-#include "tdist/comm/engine/reduce_kernels.h"
-#include "tdist/comm/engine/same_host.h"
 #include "tdist/comm/symmetric_memory.h"
+#include "tdist/detail/comm/engine/reduce_kernels.h"
+#include "tdist/detail/comm/engine/same_host.h"
 #include "tdist/error.h"
 
 // Named: test_comm is one unity translation unit.

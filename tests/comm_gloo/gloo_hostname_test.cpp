@@ -25,6 +25,8 @@
 namespace tdist::testing {
 namespace {
 
+using gloo::GlooBackendOptions;
+
 constexpr const char* kUnresolvable = "tdist-unresolvable-host.invalid";
 
 // Enters a new UTS namespace named `name`; false (with the reason in `why`) when this process

@@ -239,7 +239,7 @@ TEST(GlooShmOptions, EnvironmentTurnsItOff) {
   ::unsetenv("TDIST_GLOO_SHM");
 }
 
-// Note [Same-host collectives] in tdist/comm/engine/same_host.h: every element of a
+// Note [Same-host collectives] in tdist/detail/comm/engine/same_host.h: every element of a
 // shared-memory reduction is folded by one rank in rank order, so every rank's result is
 // bitwise ((x0 op x1) op x2) ... : staged, through a working copy (non-contiguous; bfloat16
 // accumulating in float32) and on symmetric tensors.

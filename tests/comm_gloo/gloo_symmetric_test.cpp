@@ -1,9 +1,9 @@
 // Symmetric memory (include/tdist/comm/symmetric_memory.h) and the Gloo engine's symmetric
-// path (Note [Symmetric path] in src/gloo/shm_collectives.cpp): tensors allocated there give the expected
-// results for every dtype and op, as views at different offsets on different ranks,
+// path (Note [Symmetric path] in src/gloo/shm_collectives.cpp): tensors allocated there give the
+// expected results for every dtype and op, as views at different offsets on different ranks,
 // interleaved with staged collectives; all_gather reads a symmetric input or output, whichever
 // each rank has; a mix of symmetric and plain tensors raises on every rank; freed allocations leave
-// nothing in /dev/shm; the placed all-gather (tdist/comm/placed_all_gather.h) on every path.
+// nothing in /dev/shm; the placed all-gather (tdist/detail/comm/placed_all_gather.h) on every path.
 
 #include <dirent.h>
 #include <unistd.h>

@@ -16,6 +16,10 @@
 
 namespace tdist::testing {
 
+using gloo::gloo_options_from_env;
+using gloo::GlooBackend;
+using gloo::GlooBackendOptions;
+
 inline const std::vector<at::ScalarType>& all_dtypes() {
   static const std::vector<at::ScalarType> d = {at::kFloat,    at::kDouble, at::kHalf,
                                                 at::kBFloat16, at::kByte,   at::kChar,

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "tdist/ddp/bucketing.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
+#include "tdist/detail/ddp/bucketing.h"
 #include "tdist/error.h"
 
 using tdist::ddp::BucketEntry;

@@ -91,7 +91,7 @@ TDIST_SCENARIO(ddp_parity) {
     const bool last_micro = s % accumulate == accumulate - 1;
     if (s % accumulate == 0) zero_grad();
     auto run = [&] {
-      at::Tensor loss = net.forward([&] { return loss_of(model, data.of_rank[rank][s]); });
+      at::Tensor loss = loss_of(net, data.of_rank[rank][s]);
       loss.backward();
     };
     if (!last_micro) {
@@ -167,7 +167,7 @@ TDIST_SCENARIO(ddp_find_unused) {
   for (int r = 0; r < world; ++r) xs.push_back(torch::randn({3, 4}));
   for (int step = 0; step < 2; ++step) {
     for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
-    at::Tensor out = net.forward([&] { return model->forward(xs[rank], rank == 0); });
+    at::Tensor out = net.forward(xs[rank], rank == 0);
     out.sum().backward();
   }
   // Reference: sum over ranks of each rank's loss, divided by world.
@@ -192,7 +192,7 @@ TDIST_SCENARIO(ddp_unused_without_flag) {
   Branchy model;
   ddp::DistributedDataParallel net(model);
   try {
-    at::Tensor out = net.forward([&] { return model->forward(torch::ones({2, 4}), true); });
+    at::Tensor out = net.forward(torch::ones({2, 4}), true);
     out.sum().backward();
     ADD_FAILURE() << "no error for an unused parameter";
   } catch (const std::exception& e) {
@@ -222,7 +222,7 @@ TDIST_SCENARIO(ddp_broadcast_buffers) {
     torch::NoGradGuard no_grad;
     model->counter.fill_(10 + rank);  // diverge after construction
   }
-  net.forward([&] { return model->forward(torch::ones({1, 2})); }).sum().backward();
+  net.forward(torch::ones({1, 2})).sum().backward();
   EXPECT_EQ(model->counter[0].item<float>(), 10.0f) << "buffers not broadcast from rank 0";
   tdist::destroy_process_group();
 }

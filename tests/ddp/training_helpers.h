@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "tdist/comm/distributed.h"
+#include "tdist/ddp/distributed_data_parallel.h"
 
 namespace tdist::testing {
 
@@ -55,6 +56,13 @@ inline Batches make_batches(const std::vector<int>& counts, int batch = 4) {
 
 inline at::Tensor loss_of(Mlp& model, const std::pair<at::Tensor, at::Tensor>& b) {
   return torch::mse_loss(model->forward(b.first), b.second);
+}
+
+/// The same loss through a DDP wrapper's forward.
+template <class M>
+at::Tensor loss_of(ddp::DistributedDataParallel<M>& net,
+                   const std::pair<at::Tensor, at::Tensor>& b) {
+  return torch::mse_loss(net.forward(b.first), b.second);
 }
 
 /// Single-process reference: at step s every rank still active contributes its mean loss

@@ -14,9 +14,9 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/object.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
+#include "tdist/detail/util/optimizer_state.h"
 #include "tdist/error.h"
 #include "tdist/optim/adam.h"
-#include "tdist/util/optimizer_state.h"
 
 namespace {
 

@@ -2,9 +2,9 @@
 // transformer with parity against single-process training, also through device_id, a
 // CustomPolicy and communication hooks (PyTorch's default hooks); auto-wrap policies wrap what
 // they should, bottom-up; a CustomPolicy's per-module options equal fully_shard applied by
-// hand with them; sync_module_states; ignored modules/parameters and ignored_states; mixed
-// precision and offload options reach the core; bad options and hooks raise clear errors on
-// every rank.
+// hand with them; forward_method as forward; sync_module_states; ignored modules/parameters and
+// ignored_states; mixed precision and offload options reach the core; bad options and hooks raise
+// clear errors on every rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -484,6 +484,43 @@ TEST(FSDP1, SyncModuleStates) {
   for (int world : {2, 3}) {
     tdist::testing::expect_all_ok(
         tdist::testing::run_ranks_as_processes("fsdp1_sync_module_states", world));
+  }
+}
+
+// ---- forward_method ------------------------------------------------------------------------
+
+// A method named as the forward runs through FSDP as forward() does: the root's parameters are
+// gathered for it (a bypass would meet shards), and output and gradients equal forward()'s.
+TDIST_SCENARIO(fsdp1_forward_method) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const TinyConfig c;
+  TinyTransformer model = testing::make_tiny(c);
+  FullyShardedDataParallel fsdp(
+      model, FSDPOptions().auto_wrap_policy(module_type_wrap_policy<TinyBlockImpl>()));
+  auto [inputs, targets] = testing::tiny_batch(c, 2, /*step=*/0);
+  auto grads_of = [&](const at::Tensor& logits) {
+    for (auto& p : fsdp.parameters()) p.mutable_grad() = at::Tensor();
+    testing::lm_loss(logits, targets).backward();
+    std::vector<at::Tensor> grads;
+    for (auto& p : fsdp.parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  const at::Tensor by_forward = fsdp.forward(inputs);
+  const auto forward_grads = grads_of(by_forward);
+  const at::Tensor by_method = fsdp.forward_method(&testing::TinyTransformerImpl::forward, inputs);
+  const auto method_grads = grads_of(by_method);
+  EXPECT_TRUE(by_method.equal(by_forward));
+  ASSERT_EQ(method_grads.size(), forward_grads.size());
+  for (size_t i = 0; i < method_grads.size(); ++i) {
+    EXPECT_TRUE(method_grads[i].equal(forward_grads[i])) << "parameter " << i;
+  }
+  destroy_process_group();
+}
+
+TEST(FSDP1, ForwardMethodRunsThroughFSDP) {
+  for (int world : {2, 3}) {
+    tdist::testing::expect_all_ok(
+        tdist::testing::run_ranks_as_processes("fsdp1_forward_method", world));
   }
 }
 

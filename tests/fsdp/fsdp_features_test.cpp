@@ -13,13 +13,13 @@
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/clip_grad.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/join.h"
-#include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/mesh/device_mesh.h"
 #include "tdist/optim/adam.h"
@@ -678,7 +678,9 @@ TDIST_SCENARIO(fsdp_grouped_modules) {
   Siblings model;
   FSDPModule pair = fully_shard(siblings_of(model));
   fully_shard(model);
-  EXPECT_EQ(&fsdp_module(*model->b).state(), &pair.state()) << "one handle for both";
+  EXPECT_TRUE(fsdp_module(*model->b) == pair) << "one handle for both";
+  EXPECT_TRUE(fsdp_module(*model->a) == pair);
+  EXPECT_TRUE(fsdp_module(*model) != pair);
   train_beside_reference(
       reference, model, pair, 200,
       [&](int step) {

@@ -7,10 +7,10 @@
 #include "fsdp/tiny_transformer.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/fully_shard.h"
-#include "tdist/fsdp/shard_layout.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/mesh/device_mesh.h"
 

@@ -1,8 +1,8 @@
 // Pure arithmetic of dim-0 sharding (Note [Dim-0 padding]).
 #include <gtest/gtest.h>
 
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/error.h"
-#include "tdist/fsdp/shard_layout.h"
 
 namespace tdist::fsdp {
 namespace {

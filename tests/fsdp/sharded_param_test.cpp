@@ -6,7 +6,7 @@
 
 #include "fsdp/collectives.h"
 #include "fsdp/sharded_param.h"
-#include "tdist/util/torch_compat.h"
+#include "tdist/detail/util/torch_compat.h"
 
 namespace tdist::fsdp::detail {
 namespace {

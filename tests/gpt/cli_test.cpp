@@ -56,7 +56,7 @@ TEST(GptCli, FlagsSetFields) {
   EXPECT_EQ(c.schedule.total_steps, 50);
   EXPECT_EQ(c.model.n_layer, 2);
   EXPECT_DOUBLE_EQ(c.schedule.max_lr, 1e-3);
-  EXPECT_EQ(c.mode, gpt::ParallelMode::kDdp);
+  EXPECT_EQ(c.mode, gpt::ParallelMode::kDDP);
   EXPECT_FALSE(c.model.tie_weights);
   EXPECT_TRUE(c.resume);
   EXPECT_EQ(c.resolved_run_dir(), "runs/exp1");
@@ -108,7 +108,7 @@ TEST(GptCli, ModelDataAndSamplingFlags) {
   EXPECT_DOUBLE_EQ(c.sample.temperature, 0.0);  // greedy
   auto h = parse({"--mode", "hsdp", "--replicas", "2"});
   ASSERT_EQ(h.code, -1) << h.err;
-  EXPECT_EQ(h.command.train.mode, gpt::ParallelMode::kHsdp);
+  EXPECT_EQ(h.command.train.mode, gpt::ParallelMode::kHSDP);
   EXPECT_EQ(h.command.train.replicas, 2);
   auto f = parse({"--from", "models/llama"});
   ASSERT_EQ(f.code, -1) << f.err;

@@ -204,11 +204,6 @@ std::vector<std::string> trainer_node(const std::vector<std::string>& in_ns, int
 // and its launcher ends the job. The cut-off host's launcher waits on the rendezvous store it
 // no longer reaches (there are no agent-to-agent heartbeats); the test kills it, and its
 // trainer, which no longer reaches rank 0's store either, ends through its own heartbeat.
-std::string describe(const ProcResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
-         "\n--- stderr ---\n" + r.err;
-}
-
 TEST_F(NetnsPair, ACutOffHostIsNamedByHeartbeats) {
   if (access("/usr/sbin/nft", X_OK) != 0) {
     GTEST_SKIP() << "nft not installed: install Debian's nftables (tools/setup.sh does)";

@@ -478,7 +478,7 @@ TEST(GptTrain, HsdpAtWorldFourMatchesWorldOneAndItsCheckpointLoads) {
   EXPECT_GT(model->parameters().size(), 0u);
   std::ostringstream out;
   auto three = tiny_config(hsdp);
-  three.mode = gpt::ParallelMode::kHsdp;
+  three.mode = gpt::ParallelMode::kHSDP;
   gpt::World world;  // one rank: hsdp has nothing to replicate
   expect_invalid_argument([&] { gpt::train(three, world, out); },
                           "--mode hsdp needs several ranks");

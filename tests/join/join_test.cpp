@@ -88,7 +88,7 @@ TDIST_SCENARIO(join_seed_example) {
   const auto before = linear->weight.detach().clone();
   join::Join({&model, &optim}).run([&] {
     for (const auto& input : inputs) {
-      auto loss = model([&] { return linear(input); }).sum();
+      auto loss = model(input).sum();
       loss.backward();
       optim.step();
     }
@@ -130,7 +130,7 @@ TDIST_SCENARIO(join_uneven_parity) {
       } else {
         opt->zero_grad();
       }
-      net([&] { return loss_of(model, batch); }).backward();
+      loss_of(net, batch).backward();
       if (zero) {
         zero->step();
       } else {
@@ -168,7 +168,7 @@ TDIST_SCENARIO(join_throw_early) {
   try {
     join::Join({&net}, /*enable=*/true, /*throw_on_early_termination=*/true).run([&] {
       for (int i = 0; i < mine; ++i) {
-        net([&] { return loss_of(model, data.of_rank[rank][i]); }).backward();
+        loss_of(net, data.of_rank[rank][i]).backward();
         opt.step();
         ++done;
       }

@@ -33,11 +33,6 @@ std::vector<std::string> node(const std::vector<std::string>& flags,
   return argv;
 }
 
-std::string describe(const ProcResult& r) {
-  return "exit " + std::to_string(r.exit_code) + (r.timed_out ? " TIMED OUT" : "") +
-         "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 struct WorldView {
   std::set<int> ranks;
   std::set<std::string> world_sizes, master_addrs, master_ports, secrets, groups;

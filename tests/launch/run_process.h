@@ -19,6 +19,12 @@ struct ProcResult {
   std::string err;
 };
 
+/// A finished process for a failure message: exit code, signal, whether it timed out, output.
+inline std::string describe(const ProcResult& r) {
+  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
+         (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
 /// A child process whose stdout/stderr go to files (read back by wait()).
 class Proc {
  public:

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "launch/run_process.h"
-#include "tdist/util/openblas_core.h"
+#include "tdist/detail/util/openblas_core.h"
 
 namespace tdist::launch::testing {
 namespace {
@@ -31,11 +31,6 @@ std::vector<std::string> with_worker(std::vector<std::string> flags,
   argv.push_back(worker());
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   return argv;
-}
-
-std::string describe(const ProcResult& r) {
-  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
-         (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
 }
 
 TEST(Tdistrun, EnvContractAtWorldSizes1To4) {

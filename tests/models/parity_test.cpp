@@ -9,8 +9,8 @@
 #include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
+#include "tdist/detail/fsdp/shard_layout.h"
 #include "tdist/fsdp/forward.h"
-#include "tdist/fsdp/shard_layout.h"
 #include "tdist/models/pretrained.h"
 
 namespace models = tdist::models;

@@ -155,7 +155,7 @@ TDIST_SCENARIO(tp_interop_save) {
   Trainer t = make_trainer("dp2tp2", model_dir, kLr);
   t.step();
   ckpt::save_module(*t.model, t.opt.get(), {}, out + "/tdist_ckpt",
-                    ckpt::SaveOptions().fsync(false).format(ckpt::CheckpointFormat::kDcp));
+                    ckpt::SaveOptions().fsync(false).format(ckpt::CheckpointFormat::kDCP));
   Trainer ref = make_trainer("single", model_dir, kLr);
   ref.step();
   ckpt::TensorMap want;

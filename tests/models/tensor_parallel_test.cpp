@@ -267,7 +267,7 @@ TDIST_SCENARIO(tensor_parallel_checkpoint) {
   if (layout == "save") {
     layout_step(l, opt, 0);
     auto options = tdist::checkpoint::SaveOptions().fsync(false);
-    if (env_str("CKPT_FORMAT") == "dcp") options.format(tdist::checkpoint::CheckpointFormat::kDcp);
+    if (env_str("CKPT_FORMAT") == "dcp") options.format(tdist::checkpoint::CheckpointFormat::kDCP);
     tdist::checkpoint::save_module(*l.model, &opt, {}, dir, options);
     tdist::destroy_process_group();
     return;
@@ -307,9 +307,7 @@ TDIST_SCENARIO(tensor_parallel_like_pytorch) {
       dir + "/tp_steps_" + std::to_string(world_size()) + (sp ? "_sp" : "") + ".safetensors",
       "losses");
   ASSERT_EQ(expected.numel(), 5);
-  // The token after each position; the last has none.
-  const at::Tensor targets = torch::cat(
-      {ids.narrow(1, 1, ids.size(1) - 1), torch::full({ids.size(0), 1}, -100, ids.options())}, 1);
+  const at::Tensor targets = tdist::models::next_token_targets(ids);
   for (int step = 0; step < 5; ++step) {
     const at::Tensor loss = model->next_token_loss(ids, targets);
     loss.backward();

@@ -15,8 +15,8 @@
 #include "mpi/mpi_world.h"
 #include "mpi/reduce_locally.h"
 #include "mpi/shm_collectives.h"
-#include "tdist/comm/engine/peer_memory.h"
 #include "tdist/comm/symmetric_memory.h"
+#include "tdist/detail/comm/engine/peer_memory.h"
 #include "tdist/error.h"
 #include "tdist/mpi/mpi_backend.h"
 
@@ -157,7 +157,7 @@ TEST(MPIShm, AllGatherIntoTensorEveryDtypeAndSize) {
   }
 }
 
-// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): every rank's block reaches the
+// Note [Placed all-gather] (tdist/detail/comm/placed_all_gather.h): every rank's block reaches the
 // placer exactly once, on whichever path this run's variant takes for the size (one step
 // from mapped or plain tensors, staged pieces, MPI messages with shared memory off), with
 // symmetric and plain inputs, and odd ranks running all_gather_into_tensor against it.

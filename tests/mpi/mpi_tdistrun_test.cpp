@@ -18,6 +18,7 @@
 namespace tdist::testing {
 namespace {
 
+using launch::testing::describe;
 using launch::testing::lines_with;
 using launch::testing::ProcResult;
 using launch::testing::run;
@@ -85,11 +86,6 @@ std::map<std::string, std::string> scenario_env(std::map<std::string, std::strin
   extra["TDIST_TEST_SCENARIO"] = "mpi_under_tdistrun";
   extra["OMP_NUM_THREADS"] = "1";
   return extra;
-}
-
-std::string describe(const ProcResult& r) {
-  return "exit " + std::to_string(r.exit_code) + " signal " + std::to_string(r.signal) +
-         (r.timed_out ? " TIMED OUT" : "") + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
 }
 
 TEST(MpiTdistrun, CollectivesAtNproc2And3) {

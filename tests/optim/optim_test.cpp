@@ -16,10 +16,10 @@
 #include <torch/torch.h>
 
 #include "support/expect.h"
+#include "tdist/detail/util/optimizer_state.h"
 #include "tdist/optim/adam.h"
 #include "tdist/optim/clip_grad.h"
 #include "tdist/optim/sgd.h"
-#include "tdist/util/optimizer_state.h"
 
 namespace optim = tdist::optim;
 using optim::Implementation;

@@ -11,8 +11,14 @@
 
 #include "tdist/error.h"
 #include "tdist/store/store.h"
+#include "tdist/store/tcp_store.h"
 
 namespace tdist::testing {
+
+/// A TCPStore server on a free port with a 10 s timeout.
+inline TCPStoreOptions server_options() {
+  return TCPStoreOptions().port(0).is_server(true).timeout(std::chrono::seconds(10));
+}
 
 inline std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};

@@ -21,15 +21,12 @@ using tdist::PrefixStore;
 using tdist::TCPStore;
 using tdist::TCPStoreOptions;
 using tdist::testing::check_extended_contract;
+using tdist::testing::server_options;
 using namespace std::chrono_literals;
 
 constexpr int kItemsPerRank = 25;
 
-TCPStoreOptions server_options() {
-  return TCPStoreOptions().port(0).is_server(true).timeout(10s);
-}
-
-std::string fresh_path() {
+std::string extended_store_path() {
   return tdist::testing::make_temp_dir("tdist-extended") + "/store";
 }
 
@@ -39,7 +36,7 @@ TEST(StoreExtendedApi, HashStore) {
 }
 
 TEST(StoreExtendedApi, FileStore) {
-  FileStore store(fresh_path(), 1, 10s);
+  FileStore store(extended_store_path(), 1, 10s);
   check_extended_contract(store, "");
 }
 
@@ -56,7 +53,7 @@ TEST(StoreExtendedApi, TCPStoreClient) {
 
 TEST(StoreExtendedApi, PrefixStoreOverEachKind) {
   std::vector<tdist::StorePtr> bases{std::make_shared<HashStore>(10s),
-                                     std::make_shared<FileStore>(fresh_path(), -1, 10s),
+                                     std::make_shared<FileStore>(extended_store_path(), -1, 10s),
                                      std::make_shared<TCPStore>("127.0.0.1", server_options())};
   for (const auto& base : bases) {
     PrefixStore store("grp", base);
@@ -135,7 +132,7 @@ TEST(StoreExtendedApi, BaseClassBuildsTheExtendedApiFromTheCoreOps) {
 }
 
 TEST(StoreExtendedApi, ConcurrentAppendsAllLand) {
-  auto file = fresh_path();
+  auto file = extended_store_path();
   TCPStore server("127.0.0.1", server_options());
   for (int kind = 0; kind < 3; ++kind) {
     auto shared = std::make_shared<HashStore>(10s);
@@ -178,7 +175,7 @@ TEST(StoreExtendedApi, QueueSharedByThreadRanks) {
                                                    "");
     });
     // A FileStore per thread on one file.
-    const std::string path = fresh_path();
+    const std::string path = extended_store_path();
     tdist::testing::run_ranks_as_threads(world, [&](int rank, int world_size, tdist::StorePtr) {
       FileStore store(path, world_size, 30s);
       auto popped = tdist::testing::push_pop_across_ranks(store, rank, kItemsPerRank, "q");
@@ -229,7 +226,7 @@ TEST(StoreExtendedApi, TCPStoreMultiSetOverTheValueLimitIsRefusedBeforeSending) 
 }
 
 TEST(StoreExtendedApi, FileStoreQueueSurvivesReopening) {
-  const std::string path = fresh_path();
+  const std::string path = extended_store_path();
   {
     FileStore first(path, -1, 10s);
     first.queue_push("q", std::string("1"));
@@ -273,7 +270,7 @@ TEST(StoreExtendedApi, QueueSharedByProcessRanks) {
     for (int world : {1, 2, 3, 4}) {
       tdist::testing::ProcessOptions options;
       options.timeout = 60s;
-      const std::string path = fresh_path();
+      const std::string path = extended_store_path();
       if (file) options.env["TDIST_TEST_FILE"] = path;
       SCOPED_TRACE((file ? "FileStore, world " : "TCPStore, world ") + std::to_string(world));
       tdist::testing::expect_all_ok(

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "store/tcp_store_protocol.h"
+#include "store_contract.h"
 #include "support/ranks.h"
 #include "tdist/error.h"
 #include "tdist/store/tcp_store.h"
@@ -22,12 +23,9 @@ namespace {
 
 using tdist::TCPStore;
 using tdist::TCPStoreOptions;
+using tdist::testing::server_options;
 using namespace std::chrono_literals;
 namespace proto = tdist::detail::store_proto;
-
-TCPStoreOptions server_options() {
-  return TCPStoreOptions().port(0).is_server(true).timeout(10s);
-}
 
 // A raw TCP connection for speaking (or not speaking) the protocol by hand.
 class RawClient {

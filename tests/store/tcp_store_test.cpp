@@ -19,11 +19,8 @@ namespace {
 
 using tdist::TCPStore;
 using tdist::TCPStoreOptions;
+using tdist::testing::server_options;
 using namespace std::chrono_literals;
-
-TCPStoreOptions server_options() {
-  return TCPStoreOptions().port(0).is_server(true).timeout(10s);
-}
 
 TEST(StoreContract, TCPStore) {
   TCPStore store("127.0.0.1", server_options());
@@ -230,7 +227,7 @@ TEST(TCPStore, BindsOnlyTheGivenAddress) {
     EXPECT_FALSE(can_connect(other, store.port())) << other;
   }
 
-  tdist::detail::TcpStoreServer server("127.0.0.1", 0, "", {});
+  tdist::detail::TCPStoreServer server("127.0.0.1", 0, "", {});
   EXPECT_EQ(server.bound_address(), "127.0.0.1:" + std::to_string(server.port()));
 }
 

@@ -11,6 +11,12 @@
 
 namespace tdist::testing {
 
+/// Same dtype, same shape and equal values (torch.equal), as "bitwise equal" means in the
+/// checkpoint and state-dict tests.
+inline bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && a.equal(b);
+}
+
 /// Piece `index` of `t` split into `parts` along `dim` by at::chunk; empty past the last
 /// piece (at::chunk returns fewer pieces than asked when the dimension is short).
 inline at::Tensor chunk_piece(const at::Tensor& t, int64_t dim, int64_t parts, int64_t index) {

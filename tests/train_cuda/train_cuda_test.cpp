@@ -173,7 +173,7 @@ TDIST_SCENARIO(tc_ddp) {
     auto [x, y] = global_batch(step);
     const double want = reference_step(ref, ref_opt, x, y);
     opt.zero_grad();
-    auto out = ddp.forward([&] { return model->forward(rows_of_rank(x)); });
+    auto out = ddp.forward(rows_of_rank(x));
     auto loss = fsdp::testing::lm_loss(out, rows_of_rank(y));
     loss.backward();
     for (const auto& p : model->parameters()) EXPECT_EQ(p.grad().device(), device());

@@ -74,7 +74,7 @@ int export_to(const std::string& dir, const std::string& format, const std::stri
       const auto extras = ckpt::read_metadata(dir).extra_per_rank;
       ckpt::save(whole, extras.empty() ? ckpt::ExtraState{} : extras[0], out,
                  ckpt::SaveOptions()
-                     .format(ckpt::CheckpointFormat::kDcp)
+                     .format(ckpt::CheckpointFormat::kDCP)
                      .coordinator(std::make_shared<ckpt::LocalCoordinator>()));
     } else {
       ckpt::save_safetensors(tensors, out);

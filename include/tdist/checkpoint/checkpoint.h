@@ -21,7 +21,7 @@
 #include "tdist/checkpoint/coordinator.h"
 #include "tdist/checkpoint/extra_state.h"
 #include "tdist/checkpoint/metadata.h"
-#include "tdist/util/sharded_tensor.h"
+#include "tdist/detail/util/sharded_tensor.h"
 
 namespace tdist::checkpoint {
 
@@ -57,7 +57,7 @@ struct SaveOptions {
   /// fsync data, metadata and directories (off only for throwaway test data).
   TDIST_ARG(bool, fsync) = true;
   TDIST_ARG(FaultInjection, fault) = FaultInjection{};
-  /// kDcp: PyTorch's torch.distributed.checkpoint layout, which Python's dcp.load reads
+  /// kDCP: PyTorch's torch.distributed.checkpoint layout, which Python's dcp.load reads
   /// (checksum_block_bytes then unused: each slice carries its zip CRC). Same atomic commit.
   TDIST_ARG(CheckpointFormat, format) = CheckpointFormat::kTdist;
 };

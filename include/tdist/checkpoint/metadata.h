@@ -15,7 +15,7 @@
 namespace tdist::checkpoint {
 
 constexpr const char* kMetadataFile = "metadata.json";
-constexpr const char* kDcpMetadataFile = ".metadata";
+constexpr const char* kDCPMetadataFile = ".metadata";
 constexpr int kFormatVersion = 1;
 
 /// How a checkpoint directory lays out its data (docs/checkpoint.md, "Formats").
@@ -25,7 +25,7 @@ enum class CheckpointFormat {
   /// PyTorch's torch.distributed.checkpoint (FileSystemWriter's layout): .metadata, a
   /// pickle of its dataclasses, + __<rank>_0.distcp files holding one torch.save per slice.
   /// Python's dcp.load reads it; no checksums beyond the zip CRC of each slice.
-  kDcp,
+  kDCP,
 };
 std::string to_string(CheckpointFormat format);
 

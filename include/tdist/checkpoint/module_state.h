@@ -24,9 +24,9 @@
 
 #include "tdist/checkpoint/checkpoint.h"
 
-namespace tdist::ddp {
-class DistributedDataParallel;
-}  // namespace tdist::ddp
+namespace tdist::ddp::detail {
+class DistributedDataParallelBase;
+}  // namespace tdist::ddp::detail
 
 namespace tdist::checkpoint {
 
@@ -55,10 +55,12 @@ LoadResult load_module(torch::nn::Module& module, torch::optim::Optimizer* optim
                        const std::string& dir, const LoadOptions& options = {});
 
 /// DDP: the wrapped module's state (the same names as the plain module's).
-void save_module(const ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
-                 const ExtraState& extra, const std::string& dir, const SaveOptions& options = {});
-LoadResult load_module(ddp::DistributedDataParallel& ddp, torch::optim::Optimizer* optimizer,
-                       const std::string& dir, const LoadOptions& options = {});
+void save_module(const ddp::detail::DistributedDataParallelBase& ddp,
+                 torch::optim::Optimizer* optimizer, const ExtraState& extra,
+                 const std::string& dir, const SaveOptions& options = {});
+LoadResult load_module(ddp::detail::DistributedDataParallelBase& ddp,
+                       torch::optim::Optimizer* optimizer, const std::string& dir,
+                       const LoadOptions& options = {});
 
 class CheckpointManager;
 

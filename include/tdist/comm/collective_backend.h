@@ -46,7 +46,7 @@ class CollectiveBackend {
   /// output is size() copies of input's shape concatenated along dim 0.
   virtual WorkPtr all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
                                          const AllgatherOptions& opts);
-  /// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): all_gather_into_tensor that
+  /// Note [Placed all-gather] (tdist/detail/comm/placed_all_gather.h): all_gather_into_tensor that
   /// hands each rank's block to `place` instead of writing one output tensor. Backends that
   /// have it say so in supports_all_gather_placed().
   using BlockPlacer = std::function<void(int rank, const char* block)>;

@@ -25,7 +25,7 @@ namespace tdist {
 
 /// Default collective timeout: 30 minutes (10 for nccl), as torch.distributed.
 constexpr std::chrono::milliseconds kDefaultPgTimeout{std::chrono::minutes(30)};
-constexpr std::chrono::milliseconds kDefaultNcclTimeout{std::chrono::minutes(10)};
+constexpr std::chrono::milliseconds kDefaultNCCLTimeout{std::chrono::minutes(10)};
 
 bool is_available();
 bool is_initialized();

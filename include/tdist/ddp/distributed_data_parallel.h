@@ -3,18 +3,19 @@
 // DistributedDataParallel for LibTorch modules (torch.nn.parallel.DistributedDataParallel).
 //
 // C++ modules have no common forward signature and no forward hooks, so the model's forward
-// runs *through* the wrapper:
+// runs *through* the wrapper, which knows the module's type:
 //
 //   auto net = std::make_shared<Net>();                       // or a ModuleHolder (Linear...)
 //   tdist::ddp::DistributedDataParallel ddp(net);             // broadcasts rank 0's state
 //   torch::optim::SGD opt(net->parameters(), 0.1);
-//   auto loss = ddp.forward([&] { return net->forward(x); }).mse_loss(y);  // or ddp(...)
+//   auto loss = torch::mse_loss(ddp.forward(x), y);           // or ddp(x)
 //   loss.backward();                                          // returns with averaged grads
 //   opt.step();
 //
-// forward(fn) does DDP's per-iteration work (buffer broadcast, Join notification, arming the
-// gradient reducer) and then calls fn. Calling the module directly skips it: the next
-// backward then does not synchronise (as under no_sync()).
+// forward(args...) does DDP's per-iteration work (buffer broadcast, Join notification, arming
+// the gradient reducer) and then calls the module's forward(args...), as FSDP1's
+// FullyShardedDataParallel does. Calling the module directly skips it: the next backward then
+// does not synchronise (as under no_sync()).
 //
 // Gradients are all-reduced in buckets (Note [DDP bucket order] in bucketing.h) from
 // autograd post hooks, so each bucket's communication overlaps the rest of backward.
@@ -55,57 +56,50 @@ struct DistributedDataParallelOptions {
   TDIST_ARG(bool, gradient_as_bucket_view) = false;
 };
 
-class DistributedDataParallel : public join::Joinable {
+namespace detail {
+
+inline std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<torch::nn::Module>& m) {
+  return m;
+}
+template <class Impl>
+std::shared_ptr<torch::nn::Module> module_ptr(const std::shared_ptr<Impl>& m) {
+  return std::static_pointer_cast<torch::nn::Module>(m);
+}
+template <class Impl>
+std::shared_ptr<torch::nn::Module> module_ptr(const torch::nn::ModuleHolder<Impl>& m) {
+  return std::static_pointer_cast<torch::nn::Module>(m.ptr());
+}
+
+/// The type-independent part of DistributedDataParallel (everything but forward).
+class DistributedDataParallelBase : public join::Joinable {
  public:
-  explicit DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                   DistributedDataParallelOptions options = {});
-  template <typename ModuleType>
-  explicit DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module,
-                                   DistributedDataParallelOptions options = {})
-      : DistributedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
-                                std::move(options)) {}
-  ~DistributedDataParallel() override;
-  DistributedDataParallel(const DistributedDataParallel&) = delete;
-  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                              DistributedDataParallelOptions options);
+  ~DistributedDataParallelBase() override;
+  DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
+  DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
 
-  /// Runs one forward: DDP's pre-forward work, then `fn()` (which calls the module).
-  template <typename Fn>
-  auto forward(Fn&& fn) -> decltype(fn()) {
-    pre_forward();
-    return fn();
-  }
-  template <typename Fn>
-  auto operator()(Fn&& fn) -> decltype(fn()) {
-    return forward(std::forward<Fn>(fn));
-  }
-  /// The pre-forward step alone, for callers that drive the module themselves.
-  void pre_forward();
-
-  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
-  /// The wrapped module as its concrete type (null if it is not a ModuleType).
-  template <typename ModuleType>
-  std::shared_ptr<ModuleType> module_as() const {
-    return std::dynamic_pointer_cast<ModuleType>(module_);
-  }
+  /// The wrapped module, type-erased.
+  const std::shared_ptr<torch::nn::Module>& module_base() const { return module_; }
   std::vector<at::Tensor> parameters() const { return module_->parameters(); }
   const ProcessGroupPtr& process_group() const { return group_; }
 
   /// RAII guard from no_sync(): while alive, forward/backward accumulate gradients locally
   /// without communication; the first synchronised backward after it reduces the sum.
-  class NoSyncGuard {
+  class NoSync {
    public:
-    explicit NoSyncGuard(DistributedDataParallel* ddp);
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-    ~NoSyncGuard();
+    explicit NoSync(DistributedDataParallelBase* ddp);
+    NoSync(NoSync&& other) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync();
 
    private:
-    DistributedDataParallel* ddp_;
+    DistributedDataParallelBase* ddp_;
     bool previous_;
   };
-  NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  NoSync no_sync() { return NoSync(this); }
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
 
   /// Replaces the default all-reduce with `hook` (once, before the first backward).
@@ -122,8 +116,12 @@ class DistributedDataParallel : public join::Joinable {
   c10::Device join_device() const override;
   ProcessGroupPtr join_process_group() const override { return group_; }
 
+ protected:
+  /// DDP's per-iteration work before the module's forward.
+  void pre_forward();
+
  private:
-  friend class DdpJoinHook;
+  friend class DDPJoinHook;
 
   void verify_parameters_across_ranks() const;
   /// All-reduce MAX of (active ? rank : -1): the highest active rank (Join bookkeeping).
@@ -146,6 +144,44 @@ class DistributedDataParallel : public join::Joinable {
   std::shared_ptr<detail::Reducer> reducer_;
   bool require_backward_grad_sync_ = true;
   bool divide_by_initial_world_size_ = true;
+};
+
+}  // namespace detail
+
+/// DDP over a module `M` (a ModuleHolder such as torch::nn::Linear, or a std::shared_ptr to
+/// the Impl; deduced from the constructor's argument). Construction is collective: it checks
+/// parameter shapes across ranks and broadcasts rank 0's parameters and buffers.
+template <class M>
+class DistributedDataParallel : public detail::DistributedDataParallelBase {
+ public:
+  explicit DistributedDataParallel(M module, DistributedDataParallelOptions options = {})
+      : detail::DistributedDataParallelBase(detail::module_ptr(module), std::move(options)),
+        module_(std::move(module)) {}
+
+  /// One training forward: DDP's per-iteration work, then the module's forward(args...).
+  template <class... Args>
+  auto forward(Args&&... args) {
+    pre_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  /// Another method of the module run as the training forward (as FSDP2's
+  /// tdist::fsdp::forward_method): DDP's per-iteration work, then (*module().*method)(args...).
+  template <class Method, class... Args>
+  auto forward_method(Method method, Args&&... args) {
+    pre_forward();
+    return ((*module_).*method)(std::forward<Args>(args)...);
+  }
+
+  /// The wrapped module.
+  M& module() { return module_; }
+  const M& module() const { return module_; }
+
+ private:
+  M module_;
 };
 
 }  // namespace tdist::ddp

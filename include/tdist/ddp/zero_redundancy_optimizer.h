@@ -31,8 +31,8 @@
 
 #include "tdist/arg.h"
 #include "tdist/comm/process_group.h"
+#include "tdist/detail/util/sharded_tensor.h"
 #include "tdist/join/join.h"
-#include "tdist/util/sharded_tensor.h"
 
 namespace tdist::ddp {
 

@@ -38,12 +38,12 @@
 
 #include "tdist/arg.h"
 #include "tdist/comm/process_group.h"
+#include "tdist/detail/util/sharded_tensor.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/mesh/device_mesh.h"
-#include "tdist/util/sharded_tensor.h"
 
 namespace tdist::fsdp {
 
@@ -407,6 +407,12 @@ class FullyShardedDataParallel : public detail::FullyShardedBase {
   template <class... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
+  }
+  /// Another method of the module as the forward (as DistributedDataParallel's
+  /// forward_method; tdist::fsdp::forward_method(module(), method, args...)).
+  template <class Method, class... Args>
+  auto forward_method(Method method, Args&&... args) {
+    return tdist::fsdp::forward_method(module_, method, std::forward<Args>(args)...);
   }
 
   /// The wrapped module (its parameters hold shards outside forward/backward).

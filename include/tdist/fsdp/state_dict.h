@@ -34,7 +34,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "tdist/arg.h"
-#include "tdist/util/sharded_tensor.h"
+#include "tdist/detail/util/sharded_tensor.h"
 
 namespace tdist::fsdp {
 

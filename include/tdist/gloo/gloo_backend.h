@@ -24,12 +24,12 @@
 #include "tdist/comm/collective_backend.h"
 #include "tdist/store/store.h"
 
-namespace tdist {
-
-namespace detail {
+namespace tdist::detail {
 class GlooComm;
 class GlooWorkQueue;
-}  // namespace detail
+}  // namespace tdist::detail
+
+namespace tdist::gloo {
 
 struct GlooBackendOptions {
   /// Network interfaces to use (GLOO_SOCKET_IFNAME, comma separated). Channels are spread
@@ -147,4 +147,4 @@ CollectiveBackendPtr make_gloo_backend(const StorePtr& store, int rank, int size
 /// main() in every program that links tdist::tdist or tdist::gloo.
 void register_gloo_backend();
 
-}  // namespace tdist
+}  // namespace tdist::gloo

@@ -78,4 +78,8 @@ class CausalLM : public torch::nn::Module {
 /// -100 are ignored; the mean is taken in float32.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 
+/// The targets next_token_loss takes for a batch that predicts its own next tokens:
+/// input_ids shifted left by one, -100 (ignored) at each sequence's last position.
+at::Tensor next_token_targets(const at::Tensor& input_ids);
+
 }  // namespace tdist::models

@@ -1,4 +1,4 @@
-#include "tdist/comm/engine/peer_memory.h"
+#include "tdist/detail/comm/engine/peer_memory.h"
 
 #include <sys/uio.h>
 

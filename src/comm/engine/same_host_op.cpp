@@ -1,4 +1,4 @@
-#include "tdist/comm/engine/same_host.h"
+#include "tdist/detail/comm/engine/same_host.h"
 
 #include <algorithm>
 #include <cstring>

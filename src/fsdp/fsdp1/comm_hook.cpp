@@ -77,13 +77,13 @@ void FullyShardedBase::register_comm_hook_impl(CommHook hook, bool takes_output,
     TDIST_THROW(InvalidArgument, at + "a communication hook is already registered; register "
                                       "one hook, once");
   }
-  FSDPState& root = root_.state();
+  FSDPState& root = state_of(root_);
   if (root.parent() != nullptr) {
     TDIST_THROW(InvalidArgument, at + "this model was later sharded inside another one; "
                                       "register the hook on the outermost "
                                       "FullyShardedDataParallel (the root)");
   }
-  if (root.comm() != nullptr) {
+  if (root.is_root()) {  // set by the first forward
     TDIST_THROW(InvalidArgument, at + "the model already ran a forward; register the hook "
                                       "before the first forward");
   }
@@ -97,7 +97,7 @@ void FullyShardedBase::register_comm_hook_impl(CommHook hook, bool takes_output,
   }
   auto shared = std::make_shared<CommHook>(std::move(hook));
   for (const FSDPModule& unit : fsdp_modules()) {
-    ParamGroup* group = unit.state().group();
+    ParamGroup* group = state_of(unit).group();
     if (group != nullptr) group->set_reduce_hook(unit_reduce_hook(shared, sharded, group, at));
   }
   comm_hook_registered_ = true;

@@ -36,7 +36,7 @@ PARAM_GROUP = dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05, amsg
 
 
 class Mlp(nn.Module):
-    """The same module as the C++ tests' DcpMlp: 7 rows shard unevenly at 2, 3 and 4."""
+    """The same module as the C++ tests' DCPMlp: 7 rows shard unevenly at 2, 3 and 4."""
 
     def __init__(self):
         super().__init__()

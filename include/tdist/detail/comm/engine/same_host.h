@@ -53,7 +53,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tdist/comm/collective_backend.h"
-#include "tdist/comm/engine/symmetric_registry.h"
+#include "tdist/detail/comm/engine/symmetric_registry.h"
 
 namespace tdist::detail {
 
@@ -152,7 +152,7 @@ class SameHostOp {
   /// `out` (numel == in.numel x size) = every rank's `in`, in rank order.
   static std::unique_ptr<SameHostOp> all_gather(SameHostChannel& channel, ElementSpan in,
                                                 ElementSpan out);
-  /// Note [Placed all-gather] (tdist/comm/placed_all_gather.h): place(c, block) for every
+  /// Note [Placed all-gather] (tdist/detail/comm/placed_all_gather.h): place(c, block) for every
   /// rank c's `in`, once each, before the op finishes.
   static std::unique_ptr<SameHostOp> all_gather_placed(SameHostChannel& channel, ElementSpan in,
                                                        BlockPlacer place);
