@@ -17,6 +17,20 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+// The group gradients are averaged over: process_group's, the 1-D device_mesh's, or the world.
+ProcessGroupPtr replica_group(const DistributedDataParallelOptions& options) {
+  if (!options.device_mesh())
+    return options.process_group() ? options.process_group() : group_world();
+  TDIST_CHECK_ARG(options.process_group() == nullptr,
+                  "DistributedDataParallel: give process_group or device_mesh, not both");
+  const mesh::DeviceMesh& mesh = *options.device_mesh();
+  TDIST_CHECK_ARG(mesh.ndim() == 1,
+                  "DistributedDataParallel: device_mesh must be 1-D (it has " +
+                      std::to_string(mesh.ndim()) +
+                      " dimensions); pass the replicate dimension, e.g. mesh[\"dp\"]");
+  return mesh.get_group();
+}
+
 }  // namespace
 
 namespace detail {
@@ -40,7 +54,7 @@ detail::DistributedDataParallelBase::DistributedDataParallelBase(
   TDIST_CHECK_ARG(module_ != nullptr, "DistributedDataParallel: the module is null");
   TDIST_CHECK_ARG(options_.bucket_cap_mb() > 0 && options_.first_bucket_cap_mb() > 0,
                   "DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be > 0");
-  group_ = options_.process_group() ? options_.process_group() : group_world();
+  group_ = replica_group(options_);
   TDIST_CHECK_ARG(group_->is_member(),
                   "DistributedDataParallel: this rank is not a member of the process group "
                   "given; construct DDP only on the group's ranks");
@@ -71,9 +85,9 @@ detail::DistributedDataParallelBase::DistributedDataParallelBase(
     for (auto j : bucket) indices.push_back(params_.size() - 1 - j);
     bucket_indices_.push_back(std::move(indices));
   }
-  reducer_ = std::make_shared<detail::Reducer>(params_, param_names_, bucket_indices_, group_,
-                                               options_.find_unused_parameters(),
-                                               options_.gradient_as_bucket_view());
+  reducer_ = std::make_shared<detail::Reducer>(
+      params_, param_names_, bucket_indices_, group_, options_.find_unused_parameters(),
+      options_.gradient_as_bucket_view(), options_.static_graph());
   reducer_->install_hooks();
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "tdist/comm/distributed.h"
@@ -67,16 +68,18 @@ std::vector<at::Tensor> allocate_buckets(const std::vector<int64_t>& numels,
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  std::vector<std::vector<size_t>> bucket_indices, ProcessGroupPtr group,
-                 bool find_unused_parameters, bool gradient_as_bucket_view)
+                 bool find_unused_parameters, bool gradient_as_bucket_view, bool static_graph)
     : params_(std::move(params)),
       names_(std::move(names)),
       locate_(params_.size()),
       group_(std::move(group)),
       find_unused_(find_unused_parameters),
       grad_as_view_(gradient_as_bucket_view),
+      static_graph_(static_graph),
       divisor_(group_->size()),
       ready_(params_.size(), false) {
   local_used_.assign(params_.size(), 0);
+  hooks_seen_.assign(params_.size(), 0);
   std::vector<int64_t> numels;
   std::vector<at::TensorOptions> options;
   for (size_t b = 0; b < bucket_indices.size(); ++b) {
@@ -137,19 +140,47 @@ void Reducer::set_comm_hook(CommHook hook) {
 
 void Reducer::prepare_for_backward() {
   expect_hooks_ = true;
+  reduced_ = false;
   callback_queued_ = false;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(local_used_.begin(), local_used_.end(), 0);
+  std::fill(hooks_seen_.begin(), hooks_seen_.end(), 0);
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();
     bucket.future.reset();
   }
+  if (!static_graph_ || !graph_recorded_) return;
+  // Note [Static graph]: parameters this rank's first backward never reached contribute
+  // zeros, known before backward starts; their buckets launch with the next ready parameter.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (expected_hooks_[i] != 0) continue;
+    ready_[i] = true;
+    auto [b, k] = locate_[i];
+    buckets_[b].views[k].zero_();
+    --buckets_[b].pending;
+  }
 }
 
 void Reducer::on_grad_ready(size_t index) {
-  if (!expect_hooks_) return;  // no_sync, or a backward without a DDP forward
+  if (!expect_hooks_) {
+    // Note [Reentrant backward]: a backward run inside another's node (reentrant activation
+    // checkpointing) ends first, and the engine callback that reduces runs at its end; a
+    // gradient the enclosing backward produces afterwards would be lost. Graph tasks are
+    // numbered as they start, so one older than the task that reduced was running then.
+    const int task = torch::autograd::get_current_graph_task_id();
+    if (reduced_ && task >= 0 && task < reduced_task_) {
+      TDIST_THROW(InvalidArgument,
+                  "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
+                      "' received a gradient after DDP reduced this iteration's: a backward "
+                      "nested in another (reentrant activation checkpointing, or a custom "
+                      "function calling backward) ended first; DDP does not support reentrant "
+                      "backward: use non-reentrant checkpointing");
+    }
+    return;  // no_sync, or a backward without a DDP forward
+  }
   if (!callback_queued_) {
+    reduced_task_ = torch::autograd::get_current_graph_task_id();
     // Note [DDP finalize]: the engine runs this once the whole backward is done; there the
     // reducer launches what remains and waits, so backward() returns with averaged grads.
     callback_queued_ = true;
@@ -158,10 +189,27 @@ void Reducer::on_grad_ready(size_t index) {
       if (auto reducer = self.lock()) reducer->finalize_backward();
     });
   }
+  if (static_graph_) {
+    // Note [Static graph]: the first backward only records (its gradients are reduced at
+    // its end).
+    ++hooks_seen_[index];
+    if (!graph_recorded_) {
+      local_used_[index] = 1;
+      return;
+    }
+  }
   mark_ready(index);
 }
 
 void Reducer::mark_ready(size_t index) {
+  if (ready_[index] && static_graph_) {
+    TDIST_THROW(InvalidArgument,
+                "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
+                    "' received its gradient " + std::to_string(hooks_seen_[index]) +
+                    " times in this backward, against " + std::to_string(expected_hooks_[index]) +
+                    " in the first iteration; static_graph(true) needs the same graph every "
+                    "iteration (use find_unused_parameters(true) instead)");
+  }
   if (ready_[index]) {
     TDIST_THROW(InvalidArgument,
                 "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
@@ -211,6 +259,13 @@ void Reducer::finalize_backward() {
   callback_queued_ = false;
   if (!expect_hooks_) return;
   expect_hooks_ = false;
+  reduced_ = true;
+  if (static_graph_ && !graph_recorded_) return finalize_recording_iteration();
+  if (static_graph_) {
+    check_static_graph_complete();
+    launch_ready_buckets();
+    return finish_reduction(static_used_);
+  }
   at::Tensor global_used;
   if (find_unused_) {
     // Unused parameters contribute zeros; the used map decides below whose .grad to write.
@@ -235,6 +290,43 @@ void Reducer::finalize_backward() {
                     "with find_unused_parameters(true)");
   }
   finish_reduction(global_used);
+}
+
+// Note [Static graph]
+// With static_graph(true) the first synchronised backward records which parameters got a
+// gradient on this rank and, with one all-reduce, which ones some rank used; its gradients
+// are reduced at its end, as with find_unused_parameters. Every later backward gives the
+// parameters its first backward never reached zeros from the start and reuses the recorded
+// used map: no all-reduce of its own. A backward whose graph differs is an error naming the
+// parameter.
+void Reducer::finalize_recording_iteration() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (local_used_[i]) {
+      mark_ready(i);  // its .grad holds every pass's contribution by now
+      continue;
+    }
+    ready_[i] = true;  // unused here: zeros, whatever .grad holds
+    auto [b, k] = locate_[i];
+    buckets_[b].views[k].zero_();
+    --buckets_[b].pending;
+  }
+  launch_ready_buckets();
+  static_used_ = reduce_used_map();
+  expected_hooks_ = hooks_seen_;
+  graph_recorded_ = true;
+  finish_reduction(static_used_);
+}
+
+void Reducer::check_static_graph_complete() const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    TDIST_THROW(InvalidArgument,
+                "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[i] +
+                    "' received its gradient " + std::to_string(hooks_seen_[i]) +
+                    " times in this backward, against " + std::to_string(expected_hooks_[i]) +
+                    " in the first iteration; static_graph(true) needs the same graph every "
+                    "iteration (use find_unused_parameters(true) instead)");
+  }
 }
 
 void Reducer::finish_reduction(const at::Tensor& global_used) {
@@ -282,7 +374,18 @@ void Reducer::shadow_backward() {
     launch(b);
   }
   at::Tensor global_used;
-  if (find_unused_) global_used = reduce_used_map();
+  if (static_graph_ && !graph_recorded_) {
+    // The training ranks record the graph in this iteration; a joined rank takes their used
+    // map and, having no graph of its own, expects no gradients afterwards.
+    static_used_ = reduce_used_map();
+    expected_hooks_ = hooks_seen_;
+    graph_recorded_ = true;
+    global_used = static_used_;
+  } else if (static_graph_) {
+    global_used = static_used_;
+  } else if (find_unused_) {
+    global_used = reduce_used_map();
+  }
   finish_reduction(global_used);
 }
 

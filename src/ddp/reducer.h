@@ -38,7 +38,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           std::vector<std::vector<size_t>> bucket_indices, ProcessGroupPtr group,
-          bool find_unused_parameters, bool gradient_as_bucket_view);
+          bool find_unused_parameters, bool gradient_as_bucket_view, bool static_graph);
   ~Reducer();
   /// Installs the autograd hooks; call once right after construction (needs shared_from_this).
   void install_hooks();
@@ -46,7 +46,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// Expect exactly one backward that synchronises gradients.
   void prepare_for_backward();
   /// The next backward (if any) does not synchronise (no_sync, eval).
-  void expect_no_backward() { expect_hooks_ = false; }
+  void expect_no_backward() {
+    expect_hooks_ = false;
+    reduced_ = false;
+  }
   void set_comm_hook(CommHook hook);
   /// Gradients are divided by the group size by the hooks; with a different divisor (Join
   /// with divide_by_initial_world_size=false) they are rescaled by size/divisor.
@@ -70,6 +73,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// Waits every bucket and the used map; writes the results into .grad.
   void finish_reduction(const at::Tensor& global_used);
   at::Tensor reduce_used_map();
+  /// Note [Static graph]: the iteration that records the graph, and those that follow it.
+  void finalize_recording_iteration();
+  void check_static_graph_complete() const;
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
@@ -78,6 +84,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ProcessGroupPtr group_;
   bool find_unused_;
   bool grad_as_view_;
+  bool static_graph_;
+  // Note [Static graph]: set by the first synchronised iteration.
+  bool graph_recorded_ = false;
+  std::vector<int> expected_hooks_;  // gradient-accumulator runs of each param per backward
+  // Note [Reentrant backward]: the graph task whose end reduced this iteration.
+  bool reduced_ = false;
+  int reduced_task_ = -1;
+  at::Tensor static_used_;  // the global used map of the first iteration
   CommHook hook_;
   int divisor_;
 
@@ -90,6 +104,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t next_bucket_ = 0;
   std::vector<bool> ready_;
   std::vector<int32_t> local_used_;  // 1 where this rank produced a gradient
+  std::vector<int> hooks_seen_;      // gradient-accumulator runs this backward (static graph)
 };
 
 }  // namespace tdist::ddp::detail

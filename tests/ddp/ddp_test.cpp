@@ -4,12 +4,15 @@
 #include <torch/torch.h>
 
 #include "ddp/training_helpers.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/symmetric_memory.h"
 #include "tdist/ddp/distributed_data_parallel.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
 #include "tdist/error.h"
+#include "tdist/fsdp/activation_checkpoint.h"
+#include "tdist/mesh/device_mesh.h"
 #include "tdist/optim/adam.h"
 
 namespace {
@@ -202,6 +205,191 @@ TDIST_SCENARIO(ddp_unused_without_flag) {
   tdist::destroy_process_group();
 }
 
+// A reentrant backward, as reentrant activation checkpointing runs one: the product with `w`
+// is recomputed and backpropagated inside this function's backward, so w's gradient
+// accumulator runs there, and once more for any direct use of w outside it.
+struct ReentrantMatmul : torch::autograd::Function<ReentrantMatmul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["w"] = w;
+    return x.matmul(w.t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_();
+    const at::Tensor w = ctx->saved_data["w"].toTensor();
+    at::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = x.matmul(w.t());
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+struct ReentrantNetImpl : torch::nn::Module {
+  ReentrantNetImpl() {
+    torch::manual_seed(3);
+    w = register_parameter("w", torch::randn({3, 4}));
+    unused = register_parameter("unused", torch::randn({2}));
+  }
+  // w gets its gradient in two passes: inside the reentrant backward, and from w.sum().
+  at::Tensor forward(const at::Tensor& x) {
+    return ReentrantMatmul::apply(x, w).pow(2).sum() + w.sum();
+  }
+  at::Tensor w, unused;
+};
+TORCH_MODULE(ReentrantNet);
+
+/// static_graph: every step equals single-process training with a parameter unused on every
+/// rank (kept without .grad) and one used by rank 0 only.
+TDIST_SCENARIO(ddp_static_graph) {
+  tdist::init_process_group();
+  const int rank = tdist::get_rank(), world = tdist::get_world_size();
+  Branchy model, ref;
+  ddp::DistributedDataParallel net(model, ddp::DistributedDataParallelOptions().static_graph(true));
+  torch::manual_seed(7);
+  std::vector<at::Tensor> xs;
+  for (int r = 0; r < world; ++r) xs.push_back(torch::randn({3, 4}));
+  for (int step = 0; step < 3; ++step) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    for (auto& p : ref->parameters()) p.mutable_grad() = at::Tensor();
+    net.forward(xs[rank], rank == 0).mul(step + 1).sum().backward();
+    at::Tensor loss = torch::zeros({});
+    for (int r = 0; r < world; ++r) loss = loss + ref->forward(xs[r], r == 0).sum();
+    (loss * (step + 1) / world).backward();
+    for (const auto& name : {"trunk.weight", "head_a.weight", "head_b.weight"}) {
+      const auto got = model->named_parameters()[name].grad();
+      ASSERT_TRUE(got.defined()) << name << " step " << step;
+      EXPECT_LE((got - ref->named_parameters()[name].grad()).abs().max().item<double>(), kTol)
+          << name << " step " << step;
+    }
+    EXPECT_FALSE(model->head_c->weight.grad().defined()) << "step " << step;
+  }
+  tdist::destroy_process_group();
+}
+
+/// static_graph: a backward that leaves out a parameter every rank used in the first
+/// iteration is named on every rank (before any of its buckets is reduced).
+TDIST_SCENARIO(ddp_static_graph_changed) {
+  tdist::init_process_group();
+  Branchy model;
+  ddp::DistributedDataParallel net(model, ddp::DistributedDataParallelOptions().static_graph(true));
+  for (int step = 0; step < 2; ++step) net.forward(torch::ones({2, 4}), true).sum().backward();
+  try {
+    net.forward(torch::ones({2, 4}), false).sum().backward();
+    ADD_FAILURE() << "a changed graph was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("head_b."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("static_graph(true)"), std::string::npos) << e.what();
+  }
+  tdist::destroy_process_group();
+}
+
+/// A reentrant backward (w's gradient in two passes, one nested) is refused, naming it,
+/// with find_unused_parameters and with static_graph: DDP reduces at the nested backward's
+/// end, and the enclosing pass's gradient would be lost.
+TDIST_SCENARIO(ddp_reentrant_backward) {
+  tdist::init_process_group();
+  for (bool static_graph : {false, true}) {
+    ReentrantNet model;
+    ddp::DistributedDataParallel net(model, ddp::DistributedDataParallelOptions()
+                                                .find_unused_parameters(!static_graph)
+                                                .static_graph(static_graph));
+    try {
+      net.forward(torch::ones({2, 4})).backward();
+      ADD_FAILURE() << "a reentrant backward was not refused (static_graph " << static_graph << ")";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("reentrant"), std::string::npos) << e.what();
+    }
+  }
+  tdist::destroy_process_group();
+}
+
+struct CheckpointedNetImpl : torch::nn::Module {
+  CheckpointedNetImpl() {
+    torch::manual_seed(13);
+    embed = register_module("embed", torch::nn::Linear(4, 6));
+    block1 = register_module("block1", torch::nn::Linear(6, 6));
+    block2 = register_module("block2", torch::nn::Linear(6, 6));
+    head = register_module("head", torch::nn::Linear(6, 2));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::tanh(embed(x));
+    h = torch::tanh(tdist::fsdp::checkpointed_forward(block1, h));
+    h = torch::tanh(tdist::fsdp::checkpointed_forward(block2, h));
+    return head(h);
+  }
+  torch::nn::Linear embed{nullptr}, block1{nullptr}, block2{nullptr}, head{nullptr};
+};
+TORCH_MODULE(CheckpointedNet);
+
+/// DDP over a model whose blocks run under tdist's activation checkpointing (each block's
+/// backward is a nested one): every parameter's gradient equals one process's, step after step.
+TDIST_SCENARIO(ddp_activation_checkpointing) {
+  tdist::init_process_group();
+  const int rank = tdist::get_rank(), world = tdist::get_world_size();
+  CheckpointedNet model, ref;
+  ddp::DistributedDataParallel net(model);
+  torch::manual_seed(17);
+  std::vector<at::Tensor> xs;
+  for (int r = 0; r < world; ++r) xs.push_back(torch::randn({3, 4}));
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    for (auto& p : ref->parameters()) p.mutable_grad() = at::Tensor();
+    net.forward(xs[rank]).pow(2).sum().backward();
+    at::Tensor loss = torch::zeros({});
+    for (int r = 0; r < world; ++r) loss = loss + ref->forward(xs[r]).pow(2).sum();
+    (loss / world).backward();
+    for (const auto& item : model->named_parameters()) {
+      const auto got = item.value().grad();
+      ASSERT_TRUE(got.defined()) << item.key();
+      EXPECT_LE((got - ref->named_parameters()[item.key()].grad()).abs().max().item<double>(), kTol)
+          << item.key() << " step " << step;
+    }
+  }
+  tdist::destroy_process_group();
+}
+
+/// device_mesh: a 1-D mesh replicates over its group (here the world's, so gradients equal
+/// one process's); a 2-D mesh, or a mesh with a process group, is refused.
+TDIST_SCENARIO(ddp_device_mesh) {
+  tdist::init_process_group();
+  const int rank = tdist::get_rank(), world = tdist::get_world_size();
+  const auto mesh = tdist::mesh::init_device_mesh("cpu", {world}, {"dp"});
+  Branchy model, ref;
+  ddp::DistributedDataParallel net(
+      model, ddp::DistributedDataParallelOptions().device_mesh(mesh).find_unused_parameters(true));
+  torch::manual_seed(5);
+  std::vector<at::Tensor> xs;
+  for (int r = 0; r < world; ++r) xs.push_back(torch::randn({3, 4}));
+  net.forward(xs[rank], true).sum().backward();
+  at::Tensor loss = torch::zeros({});
+  for (int r = 0; r < world; ++r) loss = loss + ref->forward(xs[r], true).sum();
+  (loss / world).backward();
+  EXPECT_LE((model->trunk->weight.grad() - ref->trunk->weight.grad()).abs().max().item<double>(),
+            kTol);
+  if (world % 2 == 0) {
+    const auto mesh2 = tdist::mesh::init_device_mesh("cpu", {2, world / 2}, {"dp", "tp"});
+    expect_invalid_argument(
+        [&] {
+          ddp::DistributedDataParallel(Branchy(),
+                                       ddp::DistributedDataParallelOptions().device_mesh(mesh2));
+        },
+        "1-D");
+  }
+  expect_invalid_argument(
+      [&] {
+        ddp::DistributedDataParallel(
+            Branchy(), ddp::DistributedDataParallelOptions().device_mesh(mesh).process_group(
+                           tdist::group_world()));
+      },
+      "not both");
+  tdist::destroy_process_group();
+}
+
 struct WithBufferImpl : torch::nn::Module {
   WithBufferImpl() {
     fc = register_module("fc", torch::nn::Linear(2, 2));
@@ -269,6 +457,19 @@ TEST(Ddp, UnusedParameterWithoutFlagIsAnError) {
 }
 TEST(Ddp, BroadcastBuffersEachForward) {
   run("ddp_broadcast_buffers", 2);
+}
+TEST(Ddp, StaticGraph) {
+  for (int world : {1, 2, 3}) run("ddp_static_graph", world);
+  for (int world : {1, 3}) run("ddp_static_graph_changed", world);
+}
+TEST(Ddp, ActivationCheckpointedBlocks) {
+  for (int world : {2, 3}) run("ddp_activation_checkpointing", world);
+}
+TEST(Ddp, ReentrantBackwardIsRefused) {
+  run("ddp_reentrant_backward", 2);
+}
+TEST(Ddp, DeviceMesh) {
+  for (int world : {2, 3, 4}) run("ddp_device_mesh", world);
 }
 
 }  // namespace

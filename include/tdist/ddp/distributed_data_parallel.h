@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "tdist/comm/process_group.h"
 #include "tdist/ddp/comm_hooks.h"
 #include "tdist/join/join.h"
+#include "tdist/mesh/device_mesh.h"
 
 namespace tdist::ddp {
 
@@ -42,6 +44,8 @@ class Reducer;
 struct DistributedDataParallelOptions {
   /// The group gradients are averaged over; null: the world.
   TDIST_ARG(ProcessGroupPtr, process_group) = nullptr;
+  /// A 1-D device mesh to replicate over, in place of process_group (not both): its group.
+  TDIST_ARG(std::optional<mesh::DeviceMesh>, device_mesh) = std::nullopt;
   /// Size of every bucket but the first, in MiB.
   TDIST_ARG(double, bucket_cap_mb) = 25.0;
   /// Size of the first bucket (the first to become ready in backward), in MiB.
@@ -51,6 +55,12 @@ struct DistributedDataParallelOptions {
   /// Allow parameters that get no gradient in some iterations (costs one extra small
   /// all-reduce per iteration). Parameters unused on every rank keep their .grad as is.
   TDIST_ARG(bool, find_unused_parameters) = false;
+  /// The set of parameters that get gradients is the same every iteration (Note [Static
+  /// graph]): the first iteration records it (parameters unused on some or every rank are
+  /// then allowed, as with find_unused_parameters); later iterations skip the
+  /// used-parameter all-reduce, and a graph that changes is an error naming the parameter.
+  /// Unlike PyTorch's, no reentrant backward (reentrant activation checkpointing) either.
+  TDIST_ARG(bool, static_graph) = false;
   /// Make each .grad a view into its bucket after the first reduction (saves two copies
   /// per step; .grad then aliases DDP's buffers, as in PyTorch).
   TDIST_ARG(bool, gradient_as_bucket_view) = false;

@@ -117,11 +117,4 @@ auto checkpointed_forward(M& module, Args&&... args) {
   return result;
 }
 
-/// The earlier name of checkpointed_forward.
-template <class M, class... Args>
-[[deprecated("renamed tdist::fsdp::checkpointed_forward")]] auto checkpoint(M& module,
-                                                                            Args&&... args) {
-  return checkpointed_forward(module, std::forward<Args>(args)...);
-}
-
 }  // namespace tdist::fsdp
