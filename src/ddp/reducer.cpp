@@ -154,12 +154,15 @@ void Reducer::prepare_for_backward() {
   // Note [Static graph]: parameters this rank's first backward never reached contribute
   // zeros, known before backward starts; their buckets launch with the next ready parameter.
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (expected_hooks_[i] != 0) continue;
-    ready_[i] = true;
-    auto [b, k] = locate_[i];
-    buckets_[b].views[k].zero_();
-    --buckets_[b].pending;
+    if (expected_hooks_[i] == 0) mark_ready_with_zeros(i);
   }
+}
+
+void Reducer::mark_ready_with_zeros(size_t index) {
+  ready_[index] = true;
+  auto [b, k] = locate_[index];
+  buckets_[b].views[k].zero_();
+  --buckets_[b].pending;
 }
 
 void Reducer::on_grad_ready(size_t index) {
@@ -202,14 +205,7 @@ void Reducer::on_grad_ready(size_t index) {
 }
 
 void Reducer::mark_ready(size_t index) {
-  if (ready_[index] && static_graph_) {
-    TDIST_THROW(InvalidArgument,
-                "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
-                    "' received its gradient " + std::to_string(hooks_seen_[index]) +
-                    " times in this backward, against " + std::to_string(expected_hooks_[index]) +
-                    " in the first iteration; static_graph(true) needs the same graph every "
-                    "iteration (use find_unused_parameters(true) instead)");
-  }
+  if (ready_[index] && static_graph_) throw_graph_changed(index);
   if (ready_[index]) {
     TDIST_THROW(InvalidArgument,
                 "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
@@ -270,11 +266,7 @@ void Reducer::finalize_backward() {
   if (find_unused_) {
     // Unused parameters contribute zeros; the used map decides below whose .grad to write.
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (ready_[i]) continue;
-      ready_[i] = true;
-      auto [b, k] = locate_[i];
-      buckets_[b].views[k].zero_();
-      --buckets_[b].pending;
+      if (!ready_[i]) mark_ready_with_zeros(i);
     }
     launch_ready_buckets();
     global_used = reduce_used_map();
@@ -303,12 +295,9 @@ void Reducer::finalize_recording_iteration() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (local_used_[i]) {
       mark_ready(i);  // its .grad holds every pass's contribution by now
-      continue;
+    } else {
+      mark_ready_with_zeros(i);  // unused here: zeros, whatever .grad holds
     }
-    ready_[i] = true;  // unused here: zeros, whatever .grad holds
-    auto [b, k] = locate_[i];
-    buckets_[b].views[k].zero_();
-    --buckets_[b].pending;
   }
   launch_ready_buckets();
   static_used_ = reduce_used_map();
@@ -319,14 +308,17 @@ void Reducer::finalize_recording_iteration() {
 
 void Reducer::check_static_graph_complete() const {
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
-    TDIST_THROW(InvalidArgument,
-                "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[i] +
-                    "' received its gradient " + std::to_string(hooks_seen_[i]) +
-                    " times in this backward, against " + std::to_string(expected_hooks_[i]) +
-                    " in the first iteration; static_graph(true) needs the same graph every "
-                    "iteration (use find_unused_parameters(true) instead)");
+    if (!ready_[i]) throw_graph_changed(i);
   }
+}
+
+void Reducer::throw_graph_changed(size_t index) const {
+  TDIST_THROW(InvalidArgument,
+              "rank " + std::to_string(get_rank()) + ": DDP: parameter '" + names_[index] +
+                  "' received its gradient " + std::to_string(hooks_seen_[index]) +
+                  " times in this backward, against " + std::to_string(expected_hooks_[index]) +
+                  " in the first iteration; static_graph(true) needs the same graph every "
+                  "iteration (use find_unused_parameters(true) instead)");
 }
 
 void Reducer::finish_reduction(const at::Tensor& global_used) {

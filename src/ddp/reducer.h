@@ -67,6 +67,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
  private:
   void mark_ready(size_t index);
+  /// A parameter without a gradient this backward: its slot in the bucket holds zeros.
+  void mark_ready_with_zeros(size_t index);
   void launch_ready_buckets();
   void launch(size_t bucket_index);
   void finalize_backward();
@@ -76,6 +78,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// Note [Static graph]: the iteration that records the graph, and those that follow it.
   void finalize_recording_iteration();
   void check_static_graph_complete() const;
+  [[noreturn]] void throw_graph_changed(size_t index) const;
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
