@@ -35,6 +35,7 @@
 #include "tdist/tensor/parallel/parallelize.h"
 #include "tdist/join/join.h"
 #include "tdist/ddp/distributed_data_parallel.h"
+#include "tdist/ddp/powersgd_hook.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/forward.h"

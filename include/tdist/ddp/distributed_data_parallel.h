@@ -32,6 +32,7 @@
 #include "tdist/arg.h"
 #include "tdist/comm/process_group.h"
 #include "tdist/ddp/comm_hooks.h"
+#include "tdist/error.h"
 #include "tdist/join/join.h"
 #include "tdist/mesh/device_mesh.h"
 
@@ -114,6 +115,16 @@ class DistributedDataParallelBase : public join::Joinable {
 
   /// Replaces the default all-reduce with `hook` (once, before the first backward).
   void register_comm_hook(CommHook hook);
+  /// Python's register_comm_hook(state, hook): `hook(*state, bucket)` for every bucket, e.g.
+  /// `register_comm_hook(power_sgd_state, tdist::ddp::powerSGD_hook)`.
+  template <class State>
+  void register_comm_hook(std::shared_ptr<State> state,
+                          CommHookFuture (*hook)(State&, GradBucket&)) {
+    TDIST_CHECK_ARG(state != nullptr && hook != nullptr,
+                    "DDP: register_comm_hook(state, hook) needs a state and a hook");
+    register_comm_hook(
+        [state = std::move(state), hook](GradBucket& bucket) { return hook(*state, bucket); });
+  }
 
   /// Parameter indices (into parameters() filtered to requires_grad) per bucket, in the
   /// order buckets are reduced.
