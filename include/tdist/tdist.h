@@ -38,6 +38,7 @@
 #include "tdist/ddp/powersgd_hook.h"
 #include "tdist/ddp/zero_redundancy_optimizer.h"
 #include "tdist/fsdp/fully_shard.h"
+#include "tdist/fsdp/custom_comm.h"
 #include "tdist/fsdp/forward.h"
 #include "tdist/fsdp/activation_checkpoint.h"
 #include "tdist/fsdp/clip_grad.h"

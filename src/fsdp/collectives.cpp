@@ -11,6 +11,7 @@
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
+#include "tdist/error.h"
 
 namespace tdist::fsdp::detail {
 
@@ -24,11 +25,42 @@ FlatLayout FlatLayout::of(const std::vector<ShardedParam*>& params) {
   return layout;
 }
 
+namespace {
+
+/// `comm.allocate` with its result checked: a wrong buffer is named here, not as a crash or
+/// silent corruption in the collective.
+at::Tensor allocate_checked(Comm& comm, int64_t numel, const at::TensorOptions& options,
+                            const std::string& what, const std::string& label) {
+  const c10::ScalarType dtype = options.dtype().toScalarType();
+  at::Tensor buffer = comm.allocate({numel}, dtype, options.device());
+  const bool ok = buffer.defined() && buffer.dim() == 1 && buffer.numel() == numel &&
+                  buffer.scalar_type() == dtype && buffer.device() == options.device() &&
+                  buffer.is_contiguous();
+  if (!ok) {
+    std::string got = "an undefined tensor";
+    if (buffer.defined()) {
+      got = std::string(c10::toString(buffer.scalar_type())) + " " + c10::str(buffer.sizes()) +
+            " on " + buffer.device().str() + (buffer.is_contiguous() ? "" : " (not contiguous)");
+    }
+    TDIST_THROW(InvalidArgument, "FSDP: the custom " + what + " of '" + label + "' allocated " +
+                                     got + "; it must return a contiguous " + c10::toString(dtype) +
+                                     " [" + std::to_string(numel) + "] on " +
+                                     options.device().str());
+  }
+  return buffer;
+}
+
+WorkPtr completed_if_null(WorkPtr work, const char* name, const at::Tensor& output) {
+  return work ? std::move(work) : completed_work(name, {output});
+}
+
+}  // namespace
+
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, FSDPStats& stats,
-                                   DeviceStreams* streams, bool wait_for_compute,
-                                   at::Tensor input) {
+                                   DeviceStreams* streams, bool wait_for_compute, at::Tensor input,
+                                   AllGather* custom) {
   TraceScope trace("FSDP::all_gather", label);
   // Note [FSDP streams]: after what the compute stream has queued (the inputs' last writes),
   // unless the root's pre-forward ordered the copy-in stream after them already.
@@ -42,9 +74,16 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
   const at::TensorOptions options = params.front()->unsharded_options();
   {
     CopyTimer copy(stats);
+    if (custom != nullptr) {
+      result.output =
+          allocate_checked(*custom, result.world * layout.total, options, "all-gather", label);
+    }
     if (!input.defined()) {
       TraceScope copy_in("FSDP::all_gather_copy_in", label);
-      input = at::empty({layout.total}, options);
+      // Note [Custom collectives]: in place, this rank's block of the output.
+      input = custom != nullptr
+                  ? result.output.narrow(0, group->rank() * layout.total, layout.total)
+                  : at::empty({layout.total}, options);
       std::vector<at::Tensor> blocks, shards;
       bool all_pinned = true;
       for (size_t i = 0; i < params.size(); ++i) {
@@ -57,11 +96,17 @@ AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
       at::_foreach_copy_(blocks, shards, /*non_blocking=*/all_pinned);
     }
     result.input = input;
-    result.output = at::empty({result.world * layout.total}, options);
-    if (group->size() == 1) result.output.copy_(input);
+    if (custom == nullptr) {
+      result.output = at::empty({result.world * layout.total}, options);
+      if (group->size() == 1) result.output.copy_(input);
+    }
   }
   CommTimer issue(stats.comm_issue_ns);
-  if (group->size() == 1) {
+  if (custom != nullptr) {
+    CollectiveLabelScope label_scope(label + " all_gather");
+    result.work = completed_if_null((*custom)(result.output, input, group, /*async_op=*/true),
+                                    "all_gather_into_tensor", result.output);
+  } else if (group->size() == 1) {
     result.work = completed_work("all_gather_into_tensor", {result.output});
   } else {
     // The flight recorder names the FSDP module a stuck rank was gathering for.
@@ -111,14 +156,18 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
-                                   FSDPStats& stats, DeviceStreams* streams,
-                                   const ReduceHook& hook) {
+                                   FSDPStats& stats, DeviceStreams* streams, const ReduceHook& hook,
+                                   ReduceScatter* custom) {
   TraceScope trace("FSDP::reduce_scatter", label);
   CopyTimer copy(stats);
   ReduceScatterResult result;
   result.world = params.front()->layout().world;
   const at::TensorOptions options = params.front()->unsharded_options().dtype(reduce_dtype);
-  result.input = at::empty({result.world, layout.total}, options);
+  if (hook) custom = nullptr;  // the reduce hook replaces the whole reduction
+  result.input = custom != nullptr ? allocate_checked(*custom, result.world * layout.total, options,
+                                                      "reduce-scatter", label)
+                                         .view({result.world, layout.total})
+                                   : at::empty({result.world, layout.total}, options);
   result.has_grad.resize(params.size(), false);
   if (chunk_cat_applies(params, unsharded_grads, result.input)) {
     TraceScope copy_in("FSDP::reduce_scatter_copy_in", label);
@@ -156,9 +205,17 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
   // output is that stream's: it is divided and read there, and freed back to its pool.
   if (streams != nullptr) streams->wait(StreamRole::kReduceScatter, StreamRole::kCompute);
   StreamScope on_reduce_scatter(streams, StreamRole::kReduceScatter);
-  result.output = at::empty({layout.total}, options);
+  result.output = custom != nullptr
+                      ? allocate_checked(*custom, layout.total, options, "reduce-scatter", label)
+                      : at::empty({layout.total}, options);
   if (hook) {
     result.work = run_reduce_hook(hook, result.output, flat_input, label, stats);
+  } else if (custom != nullptr) {
+    CommTimer issue(stats.comm_issue_ns);
+    CollectiveLabelScope label_scope(label + " reduce_scatter");
+    result.work = completed_if_null(
+        (*custom)(result.output, flat_input, group, ReduceOp::SUM, /*async_op=*/true),
+        "reduce_scatter_tensor", result.output);
   } else if (group->size() == 1) {
     // No collective marks the input in use by this stream (as the process group's does): it
     // was allocated on the compute stream, which may reuse it once the host drops it.

@@ -24,6 +24,7 @@
 
 #include "tdist/comm/process_group.h"
 #include "tdist/comm/work.h"
+#include "tdist/fsdp/custom_comm.h"
 #include "tdist/fsdp/policies.h"
 
 namespace tdist::fsdp::detail {
@@ -39,6 +40,19 @@ struct FlatLayout {
   static FlatLayout of(const std::vector<ShardedParam*>& params);
 };
 
+// Note [Custom collectives]
+// FSDPModule::set_custom_all_gather / set_custom_reduce_scatter hand a group's collectives to
+// user code, which allocates their buffers too (FSDP2's Comm). As in PyTorch, the all-gather's
+// input is then a view of its output (this rank's block, so the collective runs in place) and
+// the reduce-scatter's input and output both come from allocate; FSDP copies in and out and
+// divides exactly as around its own collectives. The comm is called at every world size
+// (also 1) and on every rank, so its collectives pair up. Only the general buffers
+// (PerCallBuffers) run them: setting one moves a group off persistent buffers.
+struct CustomComms {
+  std::shared_ptr<AllGather> all_gather;
+  std::shared_ptr<ReduceScatter> reduce_scatter;
+};
+
 struct AllGatherResult {
   WorkPtr work;
   at::Tensor output;  // [world * total]
@@ -50,12 +64,13 @@ struct AllGatherResult {
 /// Note [Reshard to a smaller group]); by default the shards are copied into one buffer.
 /// `stats` gets the copy-in (copy_ns) and the issue (comm_issue_ns) time. With `streams`
 /// (an accelerator), the copy-in and the issue run on the copy-in stream, after the compute
-/// stream when `wait_for_compute` (Note [FSDP streams]).
+/// stream when `wait_for_compute` (Note [FSDP streams]). A `custom` comm allocates and runs
+/// it (Note [Custom collectives]).
 AllGatherResult foreach_all_gather(const std::vector<ShardedParam*>& params,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, FSDPStats& stats,
                                    DeviceStreams* streams, bool wait_for_compute,
-                                   at::Tensor input = {});
+                                   at::Tensor input = {}, AllGather* custom = nullptr);
 
 /// Copies a completed all-gather's output into each param's (allocated) padded unsharded
 /// tensor.
@@ -84,13 +99,15 @@ struct ReduceScatterResult {
 /// Reduce-scatters unsharded gradients (undefined = zeros) into this rank's shards, in
 /// `reduce_dtype` (MixedPrecisionPolicy::reduce_dtype). With `streams`, the copy-in runs on
 /// the compute stream and the issue on the reduce-scatter stream (Note [FSDP streams]). A
-/// set `hook` reduces instead (Note [Reduce hook]).
+/// set `hook` reduces instead (Note [Reduce hook]); else a `custom` comm allocates and runs
+/// the reduce-scatter (Note [Custom collectives]).
 ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
                                    const std::vector<at::Tensor>& unsharded_grads,
                                    const FlatLayout& layout, const ProcessGroupPtr& group,
                                    const std::string& label, c10::ScalarType reduce_dtype,
                                    FSDPStats& stats, DeviceStreams* streams,
-                                   const ReduceHook& hook = nullptr);
+                                   const ReduceHook& hook = nullptr,
+                                   ReduceScatter* custom = nullptr);
 
 /// All-gathers a tensor sliced like `param` (`local`: this rank's unpadded rows, in any
 /// dtype) into the whole tensor, synchronously, over `group`, on the compute device. Returns

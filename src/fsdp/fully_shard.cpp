@@ -370,6 +370,14 @@ void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
   if (auto* g = state().group()) g->set_unshard_in_backward(unshard_in_backward);
 }
 
+void FSDPModule::set_custom_all_gather(std::shared_ptr<AllGather> comm) {
+  if (auto* g = state().group()) g->set_custom_all_gather(std::move(comm));
+}
+
+void FSDPModule::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> comm) {
+  if (auto* g = state().group()) g->set_custom_reduce_scatter(std::move(comm));
+}
+
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
   for (detail::ParamGroup* g : groups_under(state(), recurse))
     g->set_reshard_after_backward(reshard_after_backward);

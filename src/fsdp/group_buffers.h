@@ -61,6 +61,7 @@ struct GroupBuffersContext {
   FSDPStats& stats;
   DeviceStreams* streams;  // the compute device's (Note [FSDP streams]); null on the CPU
   const ReduceHook& reduce_hook;  // when set, reduces in place of the reduce-scatter
+  const CustomComms& custom_comms;  // Note [Custom collectives]; PerCallBuffers only
 };
 
 class GroupBuffers {

@@ -50,6 +50,7 @@
 #include "fsdp/comm_context.h"
 #include "fsdp/device_streams.h"
 #include "fsdp/hook_timing.h"
+#include "fsdp/per_call_buffers.h"
 #include "fsdp/trace_scope.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/comm/flight_recorder.h"
@@ -117,8 +118,34 @@ ParamGroup::ParamGroup(std::string label, std::vector<std::unique_ptr<ShardedPar
       config_(std::move(config)) {
   set_label(std::move(label));
   streams_ = device_streams_for(raw_.front()->unsharded_options().device());
-  buffers_ =
-      make_group_buffers({raw_, layout_, group_, labels_, stats_, streams_, reduce_hook_}, config_);
+  buffers_ = make_group_buffers(buffers_context(), config_);
+}
+
+GroupBuffersContext ParamGroup::buffers_context() {
+  return {raw_, layout_, group_, labels_, stats_, streams_, reduce_hook_, custom_comms_};
+}
+
+void ParamGroup::set_custom_all_gather(std::shared_ptr<AllGather> comm) {
+  use_per_call_buffers("set_custom_all_gather");
+  custom_comms_.all_gather = std::move(comm);
+}
+
+void ParamGroup::set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> comm) {
+  use_per_call_buffers("set_custom_reduce_scatter");
+  custom_comms_.reduce_scatter = std::move(comm);
+}
+
+void ParamGroup::use_per_call_buffers(const char* verb) {
+  // Persistent buffers are FSDP's own memory and collectives. The shards they hold stay
+  // alive as the parameters' views, which PerCallBuffers reads; the unsharded tensors, one
+  // shared storage there, get one each again (PerCallBuffers sizes them one by one).
+  check(shard_state_ == ShardState::kSharded && training_state_ == TrainingState::kIdle &&
+            !reduce_pending_,
+        verb, "sharded and idle, between steps (before the forward or after the backward)");
+  if (dynamic_cast<PerCallBuffers*>(buffers_.get()) != nullptr) return;
+  buffers_.reset();
+  for (ShardedParam* p : raw_) p->own_unsharded_storage();
+  buffers_ = std::make_unique<PerCallBuffers>(buffers_context());
 }
 
 ParamGroup::~ParamGroup() = default;

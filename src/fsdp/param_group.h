@@ -73,6 +73,10 @@ class ParamGroup {
   void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
   /// FSDP1's register_comm_hook: Note [Reduce hook]. Between steps.
   void set_reduce_hook(ReduceHook hook) { reduce_hook_ = std::move(hook); }
+  /// FSDPModule::set_custom_all_gather / set_custom_reduce_scatter (Note [Custom
+  /// collectives]): between steps; null restores FSDP's own.
+  void set_custom_all_gather(std::shared_ptr<AllGather> comm);
+  void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> comm);
   /// FSDPModule::set_reshard_after_backward (Note [Unsharded after backward]).
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
@@ -136,6 +140,9 @@ class ParamGroup {
   /// Note [Backward without parameters].
   void point_without_data();
   void check(bool condition, const char* verb, const char* expected) const;
+  /// Note [Custom collectives]: moves the group to PerCallBuffers, between steps only.
+  void use_per_call_buffers(const char* verb);
+  GroupBuffersContext buffers_context();
 
   GroupLabels labels_;
   std::vector<std::unique_ptr<ShardedParam>> params_;
@@ -156,7 +163,8 @@ class ParamGroup {
   bool reshard_after_backward_ = true;
   bool kept_after_backward_ = false;
   AllReduceHook all_reduce_hook_;
-  ReduceHook reduce_hook_;  // read by buffers_ (its context refers to it)
+  ReduceHook reduce_hook_;    // read by buffers_ (its context refers to it)
+  CustomComms custom_comms_;  // likewise
   bool unshard_in_backward_ = true;
   /// Note [Accumulation without all-reduce]: the sum of the reduce-scatter outputs of the
   /// backwards that skipped the replica all-reduce (undivided), or undefined.

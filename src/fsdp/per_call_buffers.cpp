@@ -14,13 +14,15 @@ void PerCallBuffers::start_all_gather(const at::Tensor& slab, const ProcessGroup
     // Note [Reshard to a smaller group]: the slab holds world/k rank blocks; gathering the
     // k slabs of the small group rebuilds the whole [world, total] buffer. The compute
     // stream wrote it (post_forward): the copy-in waits for it.
-    all_gather_ = foreach_all_gather(context_.params, layout, slab_group, context_.labels.module,
-                                     context_.stats, context_.streams,
-                                     /*wait_for_compute=*/true, slab);
+    all_gather_ =
+        foreach_all_gather(context_.params, layout, slab_group, context_.labels.module,
+                           context_.stats, context_.streams,
+                           /*wait_for_compute=*/true, slab, context_.custom_comms.all_gather.get());
   } else {
     all_gather_ = foreach_all_gather(context_.params, layout, context_.group,
                                      context_.labels.module, context_.stats, context_.streams,
-                                     /*wait_for_compute=*/!inputs_ordered);
+                                     /*wait_for_compute=*/!inputs_ordered, /*input=*/{},
+                                     context_.custom_comms.all_gather.get());
   }
 }
 
@@ -53,7 +55,7 @@ void PerCallBuffers::start_reduce_scatter(const std::vector<at::Tensor>& grads,
                                           c10::ScalarType reduce_dtype) {
   reduce_ = foreach_reduce(context_.params, grads, *context_.layout, context_.group,
                            context_.labels.module, reduce_dtype, context_.stats, context_.streams,
-                           context_.reduce_hook);
+                           context_.reduce_hook, context_.custom_comms.reduce_scatter.get());
 }
 
 void PerCallBuffers::install_reduced_grads(double divisor) {

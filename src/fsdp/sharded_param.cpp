@@ -173,6 +173,16 @@ void ShardedParam::share_unsharded_storage(const at::Tensor& group_unsharded, in
   unsharded_view_ = util::contiguous_alias(group_unsharded, layout_.shape, at);
 }
 
+void ShardedParam::own_unsharded_storage() {
+  if (holds_unsharded_) {
+    TDIST_THROW(Error, "FSDP internal: re-homing the unsharded storage of '" + fqn_ +
+                           "' while the parameter holds it");
+  }
+  padded_unsharded_ = util::unallocated(layout_.padded_unsharded_shape(), unsharded_options_);
+  unsharded_view_ = util::contiguous_alias(padded_unsharded_, layout_.shape, 0);
+  grad_alias_ = at::Tensor();
+}
+
 void ShardedParam::set_grad_alias(at::Tensor alias) {
   grad_alias_ = std::move(alias);
 }

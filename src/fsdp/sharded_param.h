@@ -119,6 +119,9 @@ class ShardedParam {
   /// (aliases, made while that storage holds no bytes); the group then borrows and frees
   /// that one storage for all its parameters at once.
   void share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset);
+  /// The reverse, for a group leaving persistent buffers (Note [Custom collectives]): a
+  /// storage of its own again (holding no bytes), and no gradient-buffer alias. Sharded only.
+  void own_unsharded_storage();
   /// This param's rows [local_rows, ...] of the group's persistent gradient buffer (a plain
   /// tensor, not an autograd view, so optimizers may detach_() it).
   void set_grad_alias(at::Tensor alias);

@@ -27,6 +27,7 @@
 
 #include "tdist/arg.h"
 #include "tdist/comm/process_group.h"
+#include "tdist/fsdp/custom_comm.h"
 #include "tdist/fsdp/policies.h"
 #include "tdist/mesh/device_mesh.h"
 
@@ -120,6 +121,11 @@ class FSDPModule {
   /// data for autograd to accumulate their gradients into, which are reduced as usual; a
   /// backward that reads them reads storage that is not there. Default true.
   void set_unshard_in_backward(bool unshard_in_backward);
+  /// FSDP2's set_custom_all_gather / set_custom_reduce_scatter (tdist/fsdp/custom_comm.h):
+  /// this module's all-gathers / gradient reduce-scatters are allocated and run by `comm`
+  /// (null: FSDP's own again). Between steps, on every rank alike.
+  void set_custom_all_gather(std::shared_ptr<AllGather> comm);
+  void set_custom_reduce_scatter(std::shared_ptr<ReduceScatter> comm);
 
   explicit operator bool() const { return static_cast<bool>(state_); }
   /// Handles of one fully_shard call compare equal.
