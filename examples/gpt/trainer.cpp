@@ -100,10 +100,20 @@ double evaluate(Parallel& parallel, const PackedLoader& val_loader, const TrainC
   return all_mean(world, {total / static_cast<double>(c.eval_batches)})[0];
 }
 
-// tdistrun's restart round (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt.
-int restart_count() {
-  const char* env = std::getenv("TORCHELASTIC_RESTART_COUNT");
+int env_int(const char* name) {
+  const char* env = std::getenv(name);
   return env != nullptr && *env != '\0' ? std::atoi(env) : 0;
+}
+
+// tdistrun's failure restarts so far (TORCHELASTIC_RESTART_COUNT): 0 on the first attempt.
+int restart_count() {
+  return env_int("TORCHELASTIC_RESTART_COUNT");
+}
+
+// tdistrun's restarts of any kind so far (TDIST_ELASTIC_ROUND): after a failure, and after a
+// node joined an elastic job (which does not count as a failure restart).
+int elastic_round() {
+  return env_int("TDIST_ELASTIC_ROUND");
 }
 
 // Fault injection for the restart test (tests/gpt/restart_test.cpp):
@@ -258,8 +268,9 @@ int64_t count_parameters(const tdist::models::ModelConfig& config) {
 
 TrainResult train(const TrainConfig& config, const World& world, std::ostream& out) {
   TrainConfig c = config;
-  // Restarted by tdistrun after a failure: continue from the newest checkpoint.
-  if (restart_count() > 0) c.resume = true;
+  // Restarted by tdistrun (after a failure, or at a new size): continue from the newest
+  // checkpoint.
+  if (restart_count() > 0 || elastic_round() > 0) c.resume = true;
   c.finalize();
   c.validate();
   if (c.data_path.empty()) c.data_path = default_data_path();
@@ -401,7 +412,11 @@ TrainResult train(const TrainConfig& config, const World& world, std::ostream& o
         << "run dir: " << run_dir << "  (checkpoints: " << Checkpointer::backend_name() << ")\n";
     if (result.start_step > 0) {
       out << "resumed from step " << result.start_step;
-      if (restart_count() > 0) out << " (tdistrun restart " << restart_count() << ")";
+      if (restart_count() > 0) {
+        out << " (tdistrun restart " << restart_count() << ")";
+      } else if (elastic_round() > 0) {
+        out << " (tdistrun round " << elastic_round() << ": the job's nodes changed)";
+      }
       out << "\n";
     }
     out.flush();

@@ -24,6 +24,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
+constexpr const char* kSysfsRoot = "/sys";
+
 void note(const std::string& message) {
   std::string line = "tdistrun: " + message + "\n";
   write_all(2, line.data(), line.size());
@@ -45,6 +47,7 @@ ElasticAgent::ElasticAgent(LaunchConfig config, Rendezvous& rendezvous)
     if (eq != std::string::npos) base_env_[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
   choose_openblas_kernels();
+  bind_to_numa_nodes();
   bool needs_files = config_.redirects.all || !config_.redirects.per_local_rank.empty() ||
                      config_.tee.all || !config_.tee.per_local_rank.empty();
   if (!config_.log_dir.empty()) {
@@ -66,6 +69,18 @@ void ElasticAgent::choose_openblas_kernels() {
   note("OpenBLAS does not recognise this CPU and would run its generic " + core +
        " kernels; the workers get OPENBLAS_CORETYPE=" + fix +
        " (set OPENBLAS_CORETYPE to choose another)");
+}
+
+void ElasticAgent::bind_to_numa_nodes() {
+  if (config_.numa_binding == NumaBinding::kNone) return;
+  cpu_sets_ = numa_cpu_sets(config_.numa_binding, config_.nproc_per_node,
+                            CpuTopology::read(kSysfsRoot), allowed_cpus());
+  std::string where;
+  for (size_t local = 0; local < cpu_sets_.size(); ++local) {
+    where += (local ? ", " : "") + std::to_string(local) + ": " + format_cpu_list(cpu_sets_[local]);
+  }
+  note("--numa-binding " + numa_binding_name(config_.numa_binding) + ": CPUs per local rank {" +
+       where + "}");
 }
 
 ElasticAgent::~ElasticAgent() {
@@ -125,8 +140,12 @@ std::vector<std::string> ElasticAgent::worker_env(const RendezvousInfo& info,
   set("MASTER_ADDR", info.master_addr);
   set("MASTER_PORT", std::to_string(info.master_port));
   set("TORCHELASTIC_RUN_ID", config_.rdzv_id);
-  set("TORCHELASTIC_RESTART_COUNT", std::to_string(info.round));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(info.restart_count));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config_.max_restarts));
+  // Counts every restart, membership changes too: a worker that resumes only when restarted
+  // after a failure would start afresh after a node joined (and a trainer that clears its
+  // run directory on a fresh start would lose the job's checkpoints).
+  set("TDIST_ELASTIC_ROUND", std::to_string(info.round));
   // Workers create their own store (rank 0 hosts it at MASTER_PORT), not the agent's.
   set("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (!secret_file_.empty()) set("TDIST_STORE_SECRET_FILE", secret_file_);
@@ -166,6 +185,7 @@ std::vector<WorkerSpec> ElasticAgent::worker_specs(const RendezvousInfo& info) c
       out.stderr_path = (dir / "stderr.log").string();
     }
     out.tail_lines = static_cast<size_t>(std::max(0, config_.summary_lines));
+    if (!cpu_sets_.empty()) spec.cpus = cpu_sets_[local];
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -280,7 +300,7 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
         note(std::string("could not tell the other nodes about the failure: ") + e.what());
       }
       group.stop(SIGTERM, config_.stop_timeout, force);
-      return Outcome::kFailed;
+      return Outcome::kEnded;
     }
     if (!reported_success && group.all_exited() && group.all_succeeded()) {
       group.finish();
@@ -292,10 +312,26 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
       last_check = now;
       if (rendezvous_.failure_reported(info.round)) {
         group.stop(SIGTERM, config_.stop_timeout, force);
-        return Outcome::kFailed;
+        return Outcome::kEnded;
+      }
+      // Only a node whose workers still run may end the round: a round in which every node
+      // reported success is over, and nobody may restart it behind the others' back.
+      if (!reported_success && node_waiting_with_room(info)) {
+        rendezvous_.request_rejoin(info.round, "a node is waiting to join");
+        group.stop(SIGTERM, config_.stop_timeout, force);
+        return Outcome::kEnded;
       }
       if (reported_success && rendezvous_.all_succeeded(info.round)) return Outcome::kSucceeded;
     }
+  }
+}
+
+bool ElasticAgent::node_waiting_with_room(const RendezvousInfo& info) {
+  if (info.group_world_size >= config_.max_nodes) return false;
+  try {
+    return rendezvous_.nodes_waiting(info.round) > 0;
+  } catch (const std::exception&) {
+    return false;  // the store is gone: the failure path reports it
   }
 }
 
@@ -314,10 +350,12 @@ int ElasticAgent::run() {
     return signal_ != 0;
   });
   std::string program = detail::resolve_program(config_.program);
+  int restarts = 0;
+  bool membership_changed = false;
   for (int round = 0;; ++round) {
     RendezvousInfo info;
     try {
-      info = rendezvous_.join(round);
+      info = rendezvous_.join(round, restarts);
     } catch (const Interrupted& e) {
       note(e.what());
       if (signal_ != 0) {
@@ -328,6 +366,13 @@ int ElasticAgent::run() {
       }
       leave(true);
       return signal_ != 0 ? 128 + signal_ : 1;
+    }
+    round = info.round;  // later than asked when this node joined a running job
+    restarts = info.restart_count;
+    if (membership_changed) {
+      note("node joined; restarting the workers at " + std::to_string(info.group_world_size) +
+           " nodes (not counted against --max-restarts)");
+      membership_changed = false;
     }
     if (!info.store_secret.empty()) write_secret_file(info.store_secret);
     Outcome outcome = run_round(info, program);
@@ -345,14 +390,19 @@ int ElasticAgent::run() {
       leave(true);
       return 1;
     }
-    if (round < config_.max_restarts) {
-      std::string failure = rendezvous_.failure(round);
-      note("restarting the workers (restart " + std::to_string(round + 1) + " of " +
-           std::to_string(config_.max_restarts) + ") after " +
-           failure.substr(0, failure.find('\n')));
+    if (rendezvous_.membership_changed(round)) {
+      membership_changed = true;
       continue;
     }
-    note("job failed after " + std::to_string(round + 1) + " attempt(s) (--max-restarts " +
+    if (restarts < config_.max_restarts) {
+      std::string failure = rendezvous_.failure(round);
+      note("restarting the workers (restart " + std::to_string(restarts + 1) + " of " +
+           std::to_string(config_.max_restarts) + ") after " +
+           failure.substr(0, failure.find('\n')));
+      ++restarts;
+      continue;
+    }
+    note("job failed after " + std::to_string(restarts + 1) + " attempt(s) (--max-restarts " +
          std::to_string(config_.max_restarts) + ")\ntdistrun: " + rendezvous_.failure(round));
     leave(false);
     return 1;

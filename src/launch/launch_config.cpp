@@ -149,7 +149,7 @@ namespace {
 // the LaunchConfig.
 struct RawLaunchArgs {
   std::string nnodes = "1", nproc = "1", rdzv_endpoint, rdzv_conf, redirects = "0", tee = "0";
-  std::string ranks_filter, start_method = "spawn", rdzv_backend, mpirun_args;
+  std::string ranks_filter, start_method = "spawn", rdzv_backend, mpirun_args, numa_binding;
   double monitor_interval = 0.1, stop_timeout = 30.0;
   bool no_python = false, module = false, no_secret = false;
   CLI::Option* master_port = nullptr;
@@ -202,6 +202,9 @@ void add_launch_options(CLI::App& app, RawLaunchArgs& raw, LaunchConfig& c) {
   app.add_option("--role", c.role, "Role name of the workers (ROLE_NAME)")->capture_default_str();
   app.add_option("--local-addr,--local_addr", c.local_addr,
                  "This node's address as the others reach it (MASTER_ADDR when it is node 0)");
+  app.add_option("--numa-binding,--numa_binding", raw.numa_binding,
+                 "Bind each local rank to CPUs: node, socket, exclusive or core-complex "
+                 "(local rank i on NUMA node i % nodes; see docs/launcher.md)");
   app.add_option("--start-method,--start_method", raw.start_method,
                  "Accepted for torchrun compatibility (workers are always exec'd)");
   app.add_flag("--no-python,--no_python", raw.no_python,
@@ -270,6 +273,11 @@ void resolve_workers(const RawLaunchArgs& raw, LaunchConfig& c) {
   }
   TDIST_CHECK_ARG(c.mpirun_args.empty() || c.launcher == "mpirun",
                   "tdistrun: --mpirun-args needs --launcher mpirun");
+  if (!raw.numa_binding.empty()) c.numa_binding = parse_numa_binding(raw.numa_binding);
+  // mpirun forks those workers itself, so tdistrun has no child in which to bind them.
+  TDIST_CHECK_ARG(c.numa_binding == NumaBinding::kNone || c.launcher == "fork",
+                  "tdistrun: --numa-binding needs --launcher fork (mpirun starts its workers "
+                  "itself, with --bind-to none)");
 }
 
 // --rdzv-conf key=value,...: the timeouts tdistrun uses; torchrun's other keys (read_timeout,

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "launch/process_util.h"
+#include "tdist/launch/worker_output.h"
 
 namespace tdist::launch {
 
@@ -22,6 +23,10 @@ std::vector<uint8_t> bytes(const std::string& s) {
 std::string text(const std::vector<uint8_t>& v) {
   return {v.begin(), v.end()};
 }
+void rendezvous_note(const std::string& message) {
+  std::string line = "tdistrun: " + message + "\n";
+  write_all(2, line.data(), line.size());
+}
 }  // namespace
 
 bool should_make_store_secret(const LaunchConfig& config) {
@@ -35,9 +40,10 @@ LocalRendezvous::LocalRendezvous(const LaunchConfig& config) : config_(config) {
   if (should_make_store_secret(config_)) secret_ = detail::random_hex(32);
 }
 
-RendezvousInfo LocalRendezvous::join(int round) {
+RendezvousInfo LocalRendezvous::join(int round, int restarts) {
   RendezvousInfo info;
   info.round = round;
+  info.restart_count = restarts;
   info.local_world_size = config_.nproc_per_node;
   info.world_size = config_.nproc_per_node;
   info.master_addr = config_.master_addr;
@@ -123,7 +129,7 @@ int StoreRendezvous::take_group_rank(int round) {
   return g;
 }
 
-int StoreRendezvous::close_round(int round) {
+int StoreRendezvous::close_round(int round, int restarts) {
   int nodes = config_.max_nodes;
   if (config_.rendezvous_mode() == RendezvousMode::kDynamic && config_.is_elastic()) {
     auto deadline = Clock::now() + config_.join_timeout;
@@ -152,6 +158,7 @@ int StoreRendezvous::close_round(int round) {
 
   std::string addr = config_.local_addr.empty() ? config_.rdzv_host : config_.local_addr;
   store_->set(round_key(round, "master"), addr + " " + std::to_string(detail::free_port(addr)));
+  store_->set(round_key(round, "restarts"), std::to_string(restarts));
   if (round == 0 && should_make_store_secret(config_)) {
     store_->set(key("secret"), detail::random_hex(32));
   }
@@ -159,41 +166,110 @@ int StoreRendezvous::close_round(int round) {
   return nodes;
 }
 
-RendezvousInfo StoreRendezvous::join(int round) {
+bool StoreRendezvous::admits_late_nodes() const {
+  return config_.rendezvous_mode() == RendezvousMode::kDynamic && config_.is_elastic();
+}
+
+int StoreRendezvous::current_round() {
+  return store_->check({key("round")}) ? std::stoi(store_->get_string(key("round"))) : 0;
+}
+
+RendezvousInfo StoreRendezvous::join(int round, int restarts) {
+  if (is_host_) store_->set(key("round"), std::to_string(round));
+  // A node that starts while the job runs begins at the job's round, not at 0.
+  if (!is_host_ && admits_late_nodes()) round = std::max(round, current_round());
+  while (true) {
+    int group_rank = take_group_rank(round);
+    store_->set(round_key(round, "node/" + std::to_string(group_rank)),
+                std::to_string(config_.nproc_per_node) + " " + detail::host_name());
+    if (group_rank == 0) {
+      close_round(round, restarts);
+    } else {
+      wait_for({round_key(round, "closed")}, "node 0 to close round " + std::to_string(round));
+    }
+    int nodes = std::stoi(store_->get_string(round_key(round, "closed")));
+    if (group_rank < nodes) return round_info(round, group_rank);
+    if (!admits_late_nodes()) {
+      TDIST_THROW(InvalidArgument, "tdistrun: round " + std::to_string(round) + " closed with " +
+                                       std::to_string(nodes) + " nodes before this node (rank " +
+                                       std::to_string(group_rank) +
+                                       ") joined; start it again to join the next round");
+    }
+    rendezvous_note("round " + std::to_string(round) + " already runs on " + std::to_string(nodes) +
+                    " node(s); waiting for its nodes to restart their workers with this one");
+    round = wait_for_next_round(round);
+  }
+}
+
+int StoreRendezvous::wait_for_next_round(int round) {
+  store_->add(round_key(round, "waiting"), 1);
+  auto deadline = Clock::now() + config_.join_timeout;
+  while (true) {
+    int latest = current_round();
+    if (latest > round) return latest;
+    if (interrupted()) TDIST_THROW(Interrupted, "tdistrun: interrupted while waiting to join");
+    if (!aborted().empty()) {
+      TDIST_THROW(Interrupted, "tdistrun: another node aborted the job: " + aborted());
+    }
+    check_job_goes_on(round);
+    if (Clock::now() >= deadline) {
+      TDIST_THROW(TimeoutError, "tdistrun: the nodes of round " + std::to_string(round) +
+                                    " did not restart to admit this node within the join "
+                                    "timeout (raise --rdzv-conf join_timeout=SECONDS)");
+    }
+    std::this_thread::sleep_for(kPollStep);
+  }
+}
+
+void StoreRendezvous::check_job_goes_on(int round) {
+  const int nodes = std::stoi(store_->get_string(round_key(round, "closed")));
+  if (store_->add(round_key(round, "done"), 0) >= nodes) {
+    TDIST_THROW(Error, "tdistrun: the job finished (round " + std::to_string(round) +
+                           " succeeded on its " + std::to_string(nodes) +
+                           " node(s)) before this node could join");
+  }
+  // A failure ends the job when the round used the last restart (every node has the same
+  // --max-restarts).
+  const int restarts = std::stoi(store_->get_string(round_key(round, "restarts")));
+  if (failure_reported(round) && !membership_changed(round) && restarts >= config_.max_restarts) {
+    TDIST_THROW(Error,
+                "tdistrun: the job failed in round " + std::to_string(round) +
+                    " after its last restart, before this node could join: " + failure(round));
+  }
+}
+
+RendezvousInfo StoreRendezvous::round_info(int round, int group_rank) {
   RendezvousInfo info;
   info.round = round;
-  info.group_rank = take_group_rank(round);
-  store_->set(round_key(round, "node/" + std::to_string(info.group_rank)),
-              std::to_string(config_.nproc_per_node) + " " + detail::host_name());
-  if (info.group_rank == 0) {
-    close_round(round);
-  } else {
-    wait_for({round_key(round, "closed")}, "node 0 to close round " + std::to_string(round));
-  }
-  int nodes = std::stoi(store_->get_string(round_key(round, "closed")));
-  if (info.group_rank >= nodes) {
-    TDIST_THROW(InvalidArgument, "tdistrun: round " + std::to_string(round) + " closed with " +
-                                     std::to_string(nodes) + " nodes before this node (rank " +
-                                     std::to_string(info.group_rank) +
-                                     ") joined; start it again to join the next round");
-  }
+  info.group_rank = group_rank;
+  const int nodes = std::stoi(store_->get_string(round_key(round, "closed")));
   nodes_in_round_ = nodes;
   info.group_world_size = nodes;
+  info.world_size = 0;
   for (int g = 0; g < nodes; ++g) {
     std::istringstream node(store_->get_string(round_key(round, "node/" + std::to_string(g))));
     int nproc = 0;
     node >> nproc;
-    if (g < info.group_rank) info.rank_offset += nproc;
+    if (g < group_rank) info.rank_offset += nproc;
     info.world_size += nproc;
   }
-  info.world_size -= 1;  // RendezvousInfo starts at 1
   info.local_world_size = config_.nproc_per_node;
+  info.restart_count = std::stoi(store_->get_string(round_key(round, "restarts")));
   std::istringstream master(store_->get_string(round_key(round, "master")));
   master >> info.master_addr >> info.master_port;
   if (should_make_store_secret(config_) && store_->check({key("secret")})) {
     info.store_secret = store_->get_string(key("secret"));
   }
   return info;
+}
+
+int StoreRendezvous::nodes_waiting(int round) {
+  if (!admits_late_nodes()) return 0;
+  return static_cast<int>(store_->add(round_key(round, "waiting"), 0));
+}
+
+void StoreRendezvous::request_rejoin(int round, const std::string& reason) {
+  store_->compare_set(round_key(round, "failure"), {}, bytes(kMembershipChange + reason));
 }
 
 void StoreRendezvous::report_failure(int round, const std::string& summary) {

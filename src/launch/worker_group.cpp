@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -19,6 +20,43 @@ namespace tdist::launch {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+namespace {
+
+// A worker's CPU set, allocated before fork so the child only makes the syscall.
+class CpuMask {
+ public:
+  explicit CpuMask(const std::set<int>& cpus) {
+    if (cpus.empty()) return;
+    const int count = *cpus.rbegin() + 1;
+    mask_ = CPU_ALLOC(count);
+    bytes_ = CPU_ALLOC_SIZE(count);
+    CPU_ZERO_S(bytes_, mask_);
+    for (int cpu : cpus) CPU_SET_S(cpu, bytes_, mask_);
+  }
+  ~CpuMask() {
+    if (mask_) CPU_FREE(mask_);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+
+  /// In the child: binds it, or reports and exits (a worker on the wrong CPUs would be
+  /// a silent slowdown).
+  void apply_or_exit() const {
+    if (!mask_ || sched_setaffinity(0, bytes_, mask_) == 0) return;
+    static const char kMsg[] =
+        "tdistrun: sched_setaffinity failed for the worker "
+        "(--numa-binding)\n";
+    [[maybe_unused]] ssize_t n = write(2, kMsg, sizeof(kMsg) - 1);
+    _exit(127);
+  }
+
+ private:
+  cpu_set_t* mask_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
 
 struct WorkerGroup::Worker {
   pid_t pid = -1;
@@ -66,6 +104,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
     std::vector<char*> envp;
     for (auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
+    const CpuMask cpus(spec.cpus);
 
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
@@ -87,6 +126,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
       dup2(out[1], 1);
       dup2(err[1], 2);
+      cpus.apply_or_exit();
       if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
         for (int fd = 3; fd < 1024; ++fd) close(fd);
       }

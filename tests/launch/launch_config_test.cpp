@@ -82,6 +82,13 @@ TEST(LaunchConfig, RedirectsAndTee) {
   EXPECT_FALSE(p.config->tee.selects(1, StreamSelection::kStdout));
 }
 
+TEST(LaunchConfig, NumaBindingBothSpellings) {
+  EXPECT_EQ(parse({"p"}).config->numa_binding, NumaBinding::kNone);
+  EXPECT_EQ(parse({"--numa-binding", "socket", "p"}).config->numa_binding, NumaBinding::kSocket);
+  EXPECT_EQ(parse({"--numa_binding=core-complex", "p"}).config->numa_binding,
+            NumaBinding::kCoreComplex);
+}
+
 TEST(LaunchConfig, RdzvConfTimeouts) {
   auto p = parse({"--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
                   "join_timeout=2.5,last_call_timeout=1,read_timeout=9", "prog"});
@@ -108,6 +115,9 @@ TEST(LaunchConfig, UsageErrorsExplainThemselves) {
       {{"-m", "p"}, "not supported"},
       // Found by fuzz/launch_args_fuzzer.cpp: an empty program was accepted.
       {{"--nproc-per-node", "2", "", "x"}, "empty string"},
+      {{"--numa-binding", "numa", "p"},
+       "--numa-binding must be node, socket, exclusive or core-complex, got 'numa'"},
+      {{"--numa-binding", "node", "--launcher", "mpirun", "p"}, "needs --launcher fork"},
   };
   for (const auto& c : cases) {
     auto p = parse(c.args);
@@ -125,7 +135,7 @@ TEST(LaunchConfig, HelpListsTheFlags) {
   for (const char* flag :
        {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
         "--rdzv-endpoint", "--rdzv-id", "--standalone", "--max-restarts", "--monitor-interval",
-        "--log-dir", "--redirects", "--tee", "TORCHELASTIC_RESTART_COUNT"}) {
+        "--log-dir", "--redirects", "--tee", "--numa-binding", "TORCHELASTIC_RESTART_COUNT"}) {
     EXPECT_NE(p.message.find(flag), std::string::npos) << flag;
   }
 }

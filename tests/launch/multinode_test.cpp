@@ -183,6 +183,60 @@ TEST(TdistrunMultiNode, MissingNodeTimesOutClearly) {
   EXPECT_NE(r.err.find("2 nodes to join round 0"), std::string::npos) << r.err;
 }
 
+// Note [Late joiners]: node A runs alone (--nnodes 1:2) until node B comes; A's agent then
+// stops its worker and both restart at 2 nodes, with --max-restarts 0 (a membership change
+// is not a restart).
+TEST(TdistrunMultiNode, LateNodeJoinsARunningElasticJob) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_tcp_port());
+  std::vector<std::string> flags = {"--nnodes",        "1:2",    "--nproc-per-node", "1",
+                                    "--rdzv-endpoint", endpoint, "--rdzv-id",        "late",
+                                    "--max-restarts",  "0"};
+  // Workers below world size 2 wait until stopped.
+  std::vector<std::string> worker_args = {"--print-env", "--wait-for-world", "2"};
+  auto argv = node(flags, worker_args);
+  argv[6] = "join_timeout=30,close_timeout=10,last_call_timeout=0.3";  // --rdzv-conf
+  Proc a(argv);
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  while (std::chrono::steady_clock::now() < deadline &&
+         lines_with(a.out_so_far(), "[rank 0]: ENV WORLD_SIZE=1").empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(lines_with(a.out_so_far(), "[rank 0]: ENV WORLD_SIZE=1").empty())
+      << "node A never ran alone:\n"
+      << a.out_so_far() << a.err_so_far();
+  Proc b(argv);
+  auto ra = a.wait(seconds(60)), rb = b.wait(seconds(60));
+  ASSERT_EQ(ra.exit_code, 0) << describe(ra);
+  ASSERT_EQ(rb.exit_code, 0) << describe(rb);
+  WorldView view;
+  collect(ra.out, 1, &view);
+  collect(rb.out, 1, &view);
+  EXPECT_EQ(view.ranks, (std::set<int>{0, 1}));
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: ENV WORLD_SIZE=").size(), 2u) << ra.out;
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: ENV WORLD_SIZE=2").size(), 1u) << ra.out;
+  EXPECT_EQ(lines_with(rb.out, "[rank 1]: ENV WORLD_SIZE=2").size(), 1u) << rb.out;
+  EXPECT_EQ(lines_with(rb.out, "[rank 1]: ENV GROUP_RANK=1").size(), 1u) << rb.out;
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: rank 0 done").size(), 1u) << ra.out;
+  EXPECT_EQ(lines_with(rb.out, "[rank 1]: rank 1 done").size(), 1u) << rb.out;
+  for (const auto* r : {&ra, &rb}) {
+    for (const auto& line : lines_with(r->out, "[rank ")) {
+      if (line.find("TORCHELASTIC_RESTART_COUNT=") != std::string::npos) {
+        EXPECT_EQ(line.back(), '0') << "a membership change is not a restart: " << line;
+      }
+    }
+  }
+  // ... but the workers learn they were restarted (the trainer resumes on it).
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: ENV TDIST_ELASTIC_ROUND=0").size(), 1u) << ra.out;
+  EXPECT_EQ(lines_with(ra.out, "[rank 0]: ENV TDIST_ELASTIC_ROUND=1").size(), 1u) << ra.out;
+  EXPECT_EQ(lines_with(rb.out, "[rank 1]: ENV TDIST_ELASTIC_ROUND=1").size(), 1u) << rb.out;
+  EXPECT_EQ(lines_with(ra.err, "tdistrun: node joined; restarting the workers at 2 nodes").size(),
+            1u)
+      << ra.err;
+  EXPECT_NE(rb.err.find("waiting for its nodes to restart their workers"), std::string::npos)
+      << rb.err;
+  EXPECT_EQ(ra.err.find("restarting the workers (restart"), std::string::npos) << ra.err;
+}
+
 TEST_F(NetnsPair, TwoHostsFormOneWorld) {
   const int port = 29555;  // each namespace has its own ports
   Proc b(node(static_node(1, port, addr_[0]), {"--print-env"}, in_ns(1)));

@@ -42,7 +42,7 @@ std::vector<RendezvousInfo> join_all(const std::vector<LaunchConfig>& configs,
   for (size_t i = 0; i < configs.size(); ++i) {
     threads.emplace_back([&, i] {
       try {
-        infos[i] = (*keep)[i]->join(round);
+        infos[i] = (*keep)[i]->join(round, 0);
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }
@@ -112,13 +112,13 @@ TEST(StoreRendezvous, DuplicateStaticNodeRankIsNamed) {
   StoreRendezvous second(store, node_config(2, 2, 1, "static", 1), false);
   std::thread t([&] {
     try {
-      first.join(0);
+      first.join(0, 0);
     } catch (...) {
     }
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   try {
-    second.join(0);
+    second.join(0, 0);
     ADD_FAILURE() << "expected a duplicate node rank error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("node rank 1 joined twice"), std::string::npos)
@@ -165,7 +165,7 @@ TEST(StoreRendezvous, MissingNodeTimesOutNamingTheWait) {
   config.join_timeout = std::chrono::milliseconds(300);
   StoreRendezvous host(store, config, true);
   try {
-    host.join(0);
+    host.join(0, 0);
     ADD_FAILURE() << "expected a timeout";
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("2 nodes to join round 0"), std::string::npos) << e.what();
@@ -176,7 +176,95 @@ TEST(StoreRendezvous, InterruptStopsTheWait) {
   auto store = std::make_shared<HashStore>();
   StoreRendezvous host(store, node_config(2, 2, 1, "c10d"), true);
   host.set_interrupt_check([] { return true; });
-  EXPECT_THROW(host.join(0), Interrupted);
+  EXPECT_THROW(host.join(0, 0), Interrupted);
+}
+
+// Note [Late joiners]: a node that comes after an elastic round closed waits, is counted as
+// waiting, and joins the next round when the running nodes end theirs for it.
+TEST(StoreRendezvous, LateNodeWaitsAndJoinsTheNextRound) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<LaunchConfig> configs(2, node_config(1, 3, 1, "c10d"));
+  std::vector<std::unique_ptr<StoreRendezvous>> rdzv;
+  auto round0 = join_all(configs, &rdzv, store, 0);
+  expect_consistent(round0, {1, 1});
+  EXPECT_EQ(rdzv[0]->nodes_waiting(0), 0);
+
+  StoreRendezvous late(store, node_config(1, 3, 2, "c10d"), false);
+  RendezvousInfo late_info;
+  std::string late_error;
+  std::thread t([&] {
+    try {
+      late_info = late.join(0, 0);
+    } catch (const std::exception& e) {
+      late_error = e.what();
+    }
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (rdzv[1]->nodes_waiting(0) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(rdzv[1]->nodes_waiting(0), 1);
+  rdzv[1]->request_rejoin(0, "a node is waiting to join");
+  rdzv[0]->report_failure(0, "rank 0 was stopped");  // too late: the round already ended
+  EXPECT_TRUE(rdzv[0]->failure_reported(0));
+  EXPECT_TRUE(rdzv[0]->membership_changed(0));
+  auto round1 = join_all(configs, &rdzv, store, 1);
+  t.join();
+  ASSERT_EQ(late_error, "");
+  round1.push_back(late_info);
+  expect_consistent(round1, {1, 1, 2});
+  for (const auto& info : round1) {
+    EXPECT_EQ(info.round, 1);
+    EXPECT_EQ(info.restart_count, 0) << "a membership change is not a restart";
+  }
+  EXPECT_EQ(late_info.group_rank, 2);
+}
+
+TEST(StoreRendezvous, FailureRestartsArePublishedByNodeZero) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<LaunchConfig> configs(2, node_config(2, 2, 1, "c10d"));
+  std::vector<std::unique_ptr<StoreRendezvous>> rdzv;
+  join_all(configs, &rdzv, store, 0);
+  std::vector<RendezvousInfo> infos(2);
+  std::thread client([&] { infos[1] = rdzv[1]->join(1, 0); });  // its own count is behind
+  infos[0] = rdzv[0]->join(1, 1);
+  client.join();
+  EXPECT_EQ(infos[0].restart_count, 1);
+  EXPECT_EQ(infos[1].restart_count, 1);
+}
+
+TEST(StoreRendezvous, FullRoundRefusesALateNode) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<LaunchConfig> configs(2, node_config(1, 2, 1, "c10d"));
+  std::vector<std::unique_ptr<StoreRendezvous>> rdzv;
+  join_all(configs, &rdzv, store, 0);
+  StoreRendezvous late(store, node_config(1, 2, 1, "c10d"), false);
+  try {
+    late.join(0, 0);
+    ADD_FAILURE() << "a third node joined a 1:2 job";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the rendezvous is full: 2 nodes"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(rdzv[0]->nodes_waiting(0), 0);
+}
+
+TEST(StoreRendezvous, LateNodeStopsWaitingWhenTheJobIsOver) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<LaunchConfig> configs(1, node_config(1, 2, 1, "c10d"));
+  std::vector<std::unique_ptr<StoreRendezvous>> rdzv;
+  join_all(configs, &rdzv, store, 0);
+  rdzv[0]->report_success(0);
+  StoreRendezvous late(store, node_config(1, 2, 1, "c10d"), false);
+  try {
+    late.join(0, 0);
+    ADD_FAILURE() << "joined a finished job";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the job finished (round 0 succeeded on its 1 node(s)) "
+                                         "before this node could join"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

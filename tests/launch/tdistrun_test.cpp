@@ -11,6 +11,7 @@
 
 #include "launch/run_process.h"
 #include "tdist/detail/util/openblas_core.h"
+#include "tdist/launch/numa_binding.h"
 
 namespace tdist::launch::testing {
 namespace {
@@ -251,6 +252,51 @@ TEST(Tdistrun, RestartsAfterAFailureAndSucceeds) {
     EXPECT_EQ(counts[1], prefix + "1");
   }
   EXPECT_EQ(lines_with(r.out, "[rank 1]: rank 1 done").size(), 1u);
+}
+
+// Each worker runs on exactly the CPUs the topology code computes for this machine (on a
+// two-core machine `exclusive` gives each worker its own core), and the launcher says so once.
+TEST(Tdistrun, NumaBindingBindsEachWorkerBeforeExec) {
+  for (const char* mode : {"node", "socket", "exclusive", "core-complex"}) {
+    auto r = run(with_worker({"--nproc-per-node", "2", "--numa-binding", mode}, {"--print-cpus"}));
+    std::vector<std::set<int>> expected;
+    try {
+      expected =
+          numa_cpu_sets(parse_numa_binding(mode), 2, CpuTopology::read("/sys"), allowed_cpus());
+    } catch (const InvalidArgument& e) {  // exclusive on a one-core machine
+      EXPECT_EQ(r.exit_code, 2) << mode << ": " << describe(r);
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << describe(r);
+    for (int rank = 0; rank < 2; ++rank) {
+      std::string list;
+      for (int cpu : expected.at(rank)) list += (list.empty() ? "" : ",") + std::to_string(cpu);
+      const std::string prefix = "[rank " + std::to_string(rank) + "]: CPUS ";
+      ASSERT_EQ(lines_with(r.out, prefix).size(), 1u) << r.out;
+      EXPECT_EQ(lines_with(r.out, prefix)[0], prefix + list) << mode;
+    }
+    EXPECT_NE(r.err.find(std::string("--numa-binding ") + mode +
+                         ": CPUs per local rank {0: " + format_cpu_list(expected[0]) +
+                         ", 1: " + format_cpu_list(expected[1]) + "}"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+// Under `taskset -c 0` one core is left for two exclusive workers: a usage error naming
+// the node, before any worker starts.
+TEST(Tdistrun, NumaBindingThatLeavesARankNoCpuIsAUsageError) {
+  if (!std::filesystem::exists("/usr/bin/taskset")) GTEST_SKIP() << "no taskset";
+  auto argv =
+      with_worker({"--nproc-per-node", "2", "--numa-binding", "exclusive"}, {"--print-cpus"});
+  argv.insert(argv.begin(), {"/usr/bin/taskset", "-c", "0"});
+  auto r = run(argv);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_NE(r.err.find("--numa-binding exclusive: NUMA node 0 has 1 usable physical core(s) (CPUs "
+                       "0) for 2 local ranks"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(lines_with(r.out, "[rank 0]: CPUS").size(), 0u) << r.out;
 }
 
 TEST(Tdistrun, GivesUpAfterMaxRestarts) {

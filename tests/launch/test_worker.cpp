@@ -1,5 +1,7 @@
 // A tiny worker for tdistrun's tests (no LibTorch). Options:
 //   --print-env              print the launcher's env contract as "ENV KEY=VALUE" lines
+//   --print-cpus             print the CPUs it may run on (sched_getaffinity) as "CPUS 0,1"
+//   --wait-for-world N       while WORLD_SIZE < N, wait (until the launcher stops it)
 //   --lines N                print N stdout lines, each in three separate writes
 //   --stderr TEXT            print TEXT on stderr (the failing rank, before failing)
 //   --fail-rank R            only rank R fails (default: every rank fails when told to)
@@ -14,6 +16,7 @@
 //   --ignore-term            ignore SIGTERM (forces the launcher's SIGKILL)
 //   --cascade                the other ranks print tdist's "lost the connection to rank R"
 //                            for the failing rank R and abort at once (its slow exit's peers)
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,11 +45,26 @@ int env_int(const char* name, int fallback) {
 void sleep_seconds(double s) {
   if (s > 0) usleep(static_cast<useconds_t>(s * 1e6));
 }
+
+void print_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    printf("CPUS error\n");
+    return;
+  }
+  std::string list;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) list += (list.empty() ? "" : ",") + std::to_string(cpu);
+  }
+  printf("CPUS %s\n", list.c_str());
+  fflush(stdout);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool print_env = false, spawn_child = false, cascade = false;
-  int lines = 0, fail_rank = -1, exit_code = 0, sig = 0, fail_until = -1;
+  bool print_env = false, spawn_child = false, cascade = false, cpus = false;
+  int wait_for_world = 0, lines = 0, fail_rank = -1, exit_code = 0, sig = 0, fail_until = -1;
   double fail_delay = 0, sleep_s = 0;
   std::string stderr_text, pid_dir;
   g_rank = env_int("RANK", -1);
@@ -55,6 +73,10 @@ int main(int argc, char** argv) {
     auto next = [&] { return std::string(i + 1 < argc ? argv[++i] : ""); };
     if (a == "--print-env")
       print_env = true;
+    else if (a == "--print-cpus")
+      cpus = true;
+    else if (a == "--wait-for-world")
+      wait_for_world = std::stoi(next());
     else if (a == "--lines")
       lines = std::stoi(next());
     else if (a == "--stderr")
@@ -106,7 +128,8 @@ int main(int argc, char** argv) {
          {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
           "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-          "TDIST_STORE_SECRET_FILE", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE"}) {
+          "TDIST_ELASTIC_ROUND", "TDIST_STORE_SECRET_FILE", "OMP_NUM_THREADS",
+          "OPENBLAS_CORETYPE"}) {
       const char* v = std::getenv(key);
       printf("ENV %s=%s\n", key, v ? v : "<unset>");
     }
@@ -120,6 +143,9 @@ int main(int argc, char** argv) {
     }
     fflush(stdout);
   }
+  if (cpus) print_cpus();
+  // An elastic job's first workers, waiting for a node to join (the launcher restarts them).
+  while (env_int("WORLD_SIZE", 0) < wait_for_world) pause();
   for (int i = 0; i < lines; ++i) {
     std::string a = "line " + std::to_string(i), b = " of rank ",
                 c = std::to_string(g_rank) + " end\n";

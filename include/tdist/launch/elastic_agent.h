@@ -2,10 +2,12 @@
 
 // The per-node agent: joins each round of the rendezvous, starts this node's workers with
 // the environment contract, forwards their output, and on a failure anywhere stops them
-// and restarts the round, up to --max-restarts.
+// and restarts the round, up to --max-restarts. A node waiting to join an elastic job also
+// restarts the round, without counting (Note [Late joiners] in rendezvous.h).
 
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,10 +33,13 @@ class ElasticAgent {
   std::vector<WorkerSpec> worker_specs(const RendezvousInfo& info) const;
 
  private:
-  enum class Outcome { kSucceeded, kFailed, kInterrupted };
+  // kEnded: a failure or a membership change ended the round (the rendezvous says which).
+  enum class Outcome { kSucceeded, kEnded, kInterrupted };
   /// How long a failure that names a lost peer waits for that peer's own failure.
   static constexpr std::chrono::milliseconds kCauseWait{2000};
   Outcome run_round(const RendezvousInfo& info, const std::string& program);
+  /// True when a node waits to join and this round has room for it (Note [Late joiners]).
+  bool node_waiting_with_room(const RendezvousInfo& info);
   /// The worker to name as the round's first failure (Note [Blaming the lost peer]).
   const WorkerStatus& find_cause(WorkerGroup& group, const RendezvousInfo& info);
   std::string describe_failure(const RendezvousInfo& info, const WorkerStatus& failed) const;
@@ -45,6 +50,9 @@ class ElasticAgent {
   /// Sets OPENBLAS_CORETYPE for the workers when the system's OpenBLAS would fall back to its
   /// generic kernels on this CPU (and the user has not set it).
   void choose_openblas_kernels();
+  /// --numa-binding: computes each local rank's CPUs once (the topology does not change
+  /// between attempts) and says where they go.
+  void bind_to_numa_nodes();
 
   LaunchConfig config_;
   Rendezvous& rendezvous_;
@@ -52,7 +60,8 @@ class ElasticAgent {
   std::string run_dir_;      // private 0700 directory for the secret file, removed at exit
   std::string secret_file_;  // TDIST_STORE_SECRET_FILE for the workers
   std::string log_root_;     // where per-rank logs go ("" when none)
-  int signal_ = 0;           // the terminating signal received, 0 if none
+  std::vector<std::set<int>> cpu_sets_;  // per local rank; empty: no --numa-binding
+  int signal_ = 0;                       // the terminating signal received, 0 if none
 };
 
 }  // namespace tdist::launch

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tdist/launch/numa_binding.h"
+
 namespace tdist::launch {
 
 /// Which worker streams a --redirects/--tee value selects (torchrun's Std: 0 none, 1 stdout,
@@ -79,6 +81,9 @@ struct LaunchConfig {
   /// --launcher mpirun: the mpirun program and extra arguments placed before the program.
   std::string mpirun = "mpirun";
   std::vector<std::string> mpirun_args;
+  /// --numa-binding: the CPUs each local rank's worker is bound to (Note [NUMA binding
+  /// without GPUs] in numa_binding.h); kNone leaves the launcher's affinity to the workers.
+  NumaBinding numa_binding = NumaBinding::kNone;
 
   std::string program;
   std::vector<std::string> args;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct WorkerSpec {
   /// Complete environment of the worker, "KEY=value".
   std::vector<std::string> env;
   WorkerOutputOptions output;
+  /// CPUs the worker is bound to (sched_setaffinity before exec); empty: the launcher's own.
+  std::set<int> cpus;
 };
 
 struct WorkerStatus {
