@@ -141,9 +141,9 @@ bool chunk_cat_applies(const std::vector<ShardedParam*>& params,
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = grads[i];
     const ShardLayout& pl = params[i]->layout();
-    if (!g.defined() || g.dim() == 0 || g.scalar_type() != input.scalar_type() ||
-        g.device() != input.device() || g.size(0) != pl.dim0 || g.numel() != pl.numel() ||
-        g.numel() == 0) {
+    if (!g.defined() || g.dim() == 0 || pl.shard_dim != 0 ||
+        g.scalar_type() != input.scalar_type() || g.device() != input.device() ||
+        g.size(0) != pl.dim0 || g.numel() != pl.numel() || g.numel() == 0) {
       return false;
     }
   }
@@ -186,7 +186,7 @@ ReduceScatterResult foreach_reduce(const std::vector<ShardedParam*>& params,
         continue;
       }
       result.has_grad[i] = true;
-      const at::Tensor rows = grad.reshape({pl.dim0, pl.row_numel});
+      const at::Tensor rows = to_moved_layout(grad, pl).reshape({pl.dim0, pl.row_numel});
       if (pl.padded_rows() == pl.dim0) {
         block.copy_(rows.reshape({result.world, pl.shard_rows, pl.row_numel}));
         continue;
@@ -239,7 +239,8 @@ at::Tensor all_gather_whole(const at::Tensor& local, const ShardedParam& param,
   if (pl.numel() == 0) return at::empty(pl.shape, options);  // same layout on every rank
   at::Tensor padded = at::zeros({pl.shard_rows, pl.row_numel}, options);
   if (pl.local_rows > 0) {
-    padded.narrow(0, 0, pl.local_rows).copy_(local.detach().reshape({pl.local_rows, pl.row_numel}));
+    padded.narrow(0, 0, pl.local_rows)
+        .copy_(to_moved_layout(local.detach(), pl).reshape({pl.local_rows, pl.row_numel}));
   }
   at::Tensor full = at::empty({pl.padded_rows(), pl.row_numel}, options);
   if (group->size() == 1) {
@@ -248,15 +249,17 @@ at::Tensor all_gather_whole(const at::Tensor& local, const ShardedParam& param,
     WorkPtr work = all_gather_into_tensor(full, padded, group, /*async_op=*/true);
     work->wait(group->timeout().count() > 0 ? group->timeout() : kDefaultPgTimeout);
   }
-  return full.narrow(0, 0, pl.dim0).view(pl.shape);
+  if (pl.shard_dim == 0) return full.narrow(0, 0, pl.dim0).view(pl.shape);
+  return to_param_layout(full.narrow(0, 0, pl.dim0).view(pl.moved_shape()), pl).contiguous();
 }
 
 at::Tensor reduced_shard_grad(const ReduceScatterResult& result, const ShardedParam& param,
                               int64_t offset) {
   const ShardLayout& pl = param.layout();
-  return result.output.narrow(0, offset, pl.padded_shard_numel())
-      .view(pl.padded_shard_shape())
-      .narrow(0, 0, pl.local_rows);
+  return to_param_layout(result.output.narrow(0, offset, pl.padded_shard_numel())
+                             .view(pl.padded_shard_shape())
+                             .narrow(0, 0, pl.local_rows),
+                         pl);
 }
 
 WorkPtr run_reduce_hook(const ReduceHook& hook, const at::Tensor& output, const at::Tensor& input,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -138,6 +139,34 @@ struct ManagedParams {
   std::vector<std::pair<std::string, detail::FSDPState*>> children;
 };
 
+/// shard_placement_fn's dim for each parameter (Note [Sharding on another dim]), checked and
+/// made non-negative; 0 without the function.
+std::vector<int64_t> shard_dims(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                                const FullyShardOptions& options) {
+  std::vector<int64_t> dims(params.size(), 0);
+  if (!options.shard_placement_fn()) return dims;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, param] = params[i];
+    const std::optional<tensor::Shard> placement = options.shard_placement_fn()(name, param);
+    if (!placement) continue;
+    const int64_t ndim = param.dim();
+    const int64_t dim = placement->dim < 0 ? placement->dim + ndim : placement->dim;
+    const bool valid = ndim == 0 ? dim == 0 : dim >= 0 && dim < ndim;
+    if (!valid) {
+      std::ostringstream shape;
+      shape << param.sizes();
+      TDIST_THROW(InvalidArgument, "fully_shard: shard_placement_fn returned Shard(" +
+                                       std::to_string(placement->dim) + ") for parameter '" + name +
+                                       "' of shape " + shape.str() +
+                                       ", which has no such dim; return a dim in [-" +
+                                       std::to_string(ndim) + ", " + std::to_string(ndim) +
+                                       ") or nullopt for dim 0");
+    }
+    dims[i] = dim;
+  }
+  return dims;
+}
+
 ManagedParams collect_managed(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                               const FullyShardOptions& options) {
   std::unordered_set<const c10::TensorImpl*> ignored;
@@ -235,15 +264,16 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
                                           " is not a member of the group to shard over");
   const int k = checked_reshard_group_size(options, group->size(), group->rank());
   ManagedParams managed = collect_managed(modules, options);
+  std::vector<int64_t> dims = shard_dims(managed.params, options);
   if (!managed.params.empty()) {  // Note [Same model on every rank]
     detail::verify_same_call_on_every_rank(
-        detail::describe_fully_shard_call(modules.front()->name(), managed.params, options),
+        detail::describe_fully_shard_call(modules.front()->name(), managed.params, dims, options),
         {groups.shard, groups.replicate});
   }
   check_one_dtype(managed.params);
   const bool deferred = built_on_meta(managed.params);
-  detail::GroupPlan plan{std::move(managed.params), group, group_config(options, groups, k),
-                         param_policy(options)};
+  detail::GroupPlan plan{std::move(managed.params), std::move(dims), group,
+                         group_config(options, groups, k), param_policy(options)};
 
   std::unique_ptr<detail::ParamGroup> param_group;
   if (!deferred && !plan.params.empty()) {

@@ -1,5 +1,7 @@
 #include "fsdp/group_builder.h"
 
+#include <algorithm>
+
 #include "fsdp/buffer_pool.h"
 #include "fsdp/environment.h"
 #include "tdist/detail/fsdp/shard_layout.h"
@@ -14,9 +16,12 @@ GroupBuilder::GroupBuilder(GroupPlan plan, c10::Device device)
       world_(plan_.group->size()),
       rank_(plan_.group->rank()),
       params_(plan_.params.size()) {
-  for (const auto& [name, tensor] : plan_.params) {
+  plan_.shard_dims.resize(plan_.params.size(), 0);
+  for (size_t i = 0; i < plan_.params.size(); ++i) {
     offsets_.push_back(total_);
-    total_ += ShardLayout::compute(tensor.sizes().vec(), world_, rank_).padded_shard_numel();
+    total_ += ShardLayout::compute(plan_.params[i].second.sizes().vec(), world_, rank_,
+                                   plan_.shard_dims[i])
+                  .padded_shard_numel();
   }
 }
 
@@ -30,7 +35,10 @@ void GroupBuilder::allocate_flat_shard_if_eligible() {
               !plan_.policy.compute_device &&
               (!plan_.policy.param_dtype || *plan_.policy.param_dtype == dtype) &&
               (!plan_.config.reduce_dtype || *plan_.config.reduce_dtype == dtype) &&
-              environment_.persistent_buffers;
+              environment_.persistent_buffers &&
+              // Their grads and unsharded views are permuted; the memcpys assume dim 0.
+              std::all_of(plan_.shard_dims.begin(), plan_.shard_dims.end(),
+                          [](int64_t d) { return d == 0; });
   for (const auto& [name, tensor] : plan_.params) {
     flat = flat && tensor.scalar_type() == dtype && (tensor.is_cpu() || tensor.is_meta());
   }
@@ -47,14 +55,14 @@ void GroupBuilder::shard(size_t i) {
   auto& [name, tensor] = plan_.params[i];
   TDIST_CHECK_ARG(!tensor.is_meta(),
                   "FSDP internal: sharding '" + name + "' while it is still on the meta device");
-  params_[i] =
-      std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy, shard_buffer(i));
+  params_[i] = std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy,
+                                              shard_buffer(i), plan_.shard_dims[i]);
 }
 
 void GroupBuilder::shard_in_place(size_t i, const ShardedParam::RowsFill& fill) {
   auto& [name, tensor] = plan_.params[i];
   params_[i] = std::make_unique<ShardedParam>(name, tensor, world_, rank_, plan_.policy,
-                                              shard_buffer(i), device_, fill);
+                                              shard_buffer(i), device_, fill, plan_.shard_dims[i]);
 }
 
 at::Tensor GroupBuilder::shard_buffer(size_t i) {

@@ -23,6 +23,7 @@ namespace tdist::fsdp::detail {
 /// Everything fully_shard decides about a group before any parameter holds data to shard.
 struct GroupPlan {
   std::vector<std::pair<std::string, at::Tensor>> params;  // (name in the group, parameter)
+  std::vector<int64_t> shard_dims;  // per parameter (Note [Sharding on another dim]); empty: 0
   ProcessGroupPtr group;                                   // the ranks sharding them
   GroupConfig config;
   ParamPolicy policy;

@@ -33,12 +33,14 @@ std::string describe_options(const FullyShardOptions& options) {
 
 std::vector<std::string> describe_fully_shard_call(
     const std::string& module_type, const std::vector<std::pair<std::string, at::Tensor>>& params,
-    const FullyShardOptions& options) {
+    const std::vector<int64_t>& shard_dims, const FullyShardOptions& options) {
   std::vector<std::string> lines{"module " + module_type};
-  for (const auto& [name, tensor] : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, tensor] = params[i];
     std::ostringstream line;
     line << "parameter '" << name << "' " << tensor.sizes() << " " << tensor.scalar_type()
          << (tensor.requires_grad() ? "" : " frozen");
+    if (i < shard_dims.size() && shard_dims[i] != 0) line << " sharded on dim " << shard_dims[i];
     lines.push_back(line.str());
   }
   lines.push_back(describe_options(options));

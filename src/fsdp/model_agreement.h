@@ -24,10 +24,11 @@
 
 namespace tdist::fsdp::detail {
 
-/// What one fully_shard call manages, one line each (what the ranks compare).
+/// What one fully_shard call manages, one line each (what the ranks compare); `shard_dims`:
+/// per parameter, shard_placement_fn's dim.
 std::vector<std::string> describe_fully_shard_call(
     const std::string& module_type, const std::vector<std::pair<std::string, at::Tensor>>& params,
-    const FullyShardOptions& options);
+    const std::vector<int64_t>& shard_dims, const FullyShardOptions& options);
 
 /// Collective over each group (null ones and one-rank groups skipped), in order. Throws
 /// InvalidArgument on every rank when some rank described its call differently.

@@ -312,7 +312,7 @@ void ParamGroup::unsummon(bool writeback) {
       at::NoGradGuard no_grad;
       const ShardLayout& pl = p.layout();
       if (pl.local_rows > 0) {
-        p.local_shard().copy_(p.param().narrow(0, pl.row_offset, pl.local_rows));
+        p.local_shard().copy_(p.param().narrow(pl.shard_dim, pl.row_offset, pl.local_rows));
       }
     }
     p.use_sharded();

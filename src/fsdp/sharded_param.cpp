@@ -7,26 +7,35 @@
 
 namespace tdist::fsdp::detail {
 
-ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
-                           const ParamPolicy& policy, const at::Tensor& shard_buffer)
-    : fqn_(std::move(fqn)), param_(std::move(param)) {
-  TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
-  init(world, rank, policy, shard_buffer, param_.device(), nullptr);
+at::Tensor to_param_layout(const at::Tensor& moved, const ShardLayout& layout) {
+  return layout.shard_dim == 0 ? moved : moved.movedim(0, layout.shard_dim);
+}
+
+at::Tensor to_moved_layout(const at::Tensor& shown, const ShardLayout& layout) {
+  return layout.shard_dim == 0 ? shown : shown.movedim(layout.shard_dim, 0);
 }
 
 ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
                            const ParamPolicy& policy, const at::Tensor& shard_buffer,
-                           const c10::Device& device, const RowsFill& fill)
+                           int64_t shard_dim)
+    : fqn_(std::move(fqn)), param_(std::move(param)) {
+  TDIST_CHECK_ARG(param_.defined(), "fully_shard: parameter '" + fqn_ + "' is undefined");
+  init(world, rank, shard_dim, policy, shard_buffer, param_.device(), nullptr);
+}
+
+ShardedParam::ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
+                           const ParamPolicy& policy, const at::Tensor& shard_buffer,
+                           const c10::Device& device, const RowsFill& fill, int64_t shard_dim)
     : fqn_(std::move(fqn)), param_(std::move(param)) {
   TDIST_CHECK_ARG(param_.defined() && param_.is_meta() && fill,
                   "FSDP internal: filling the shard of '" + fqn_ + "', which is not a meta tensor");
-  init(world, rank, policy, shard_buffer, device, fill);
+  init(world, rank, shard_dim, policy, shard_buffer, device, fill);
 }
 
-void ShardedParam::init(int world, int rank, const ParamPolicy& policy,
+void ShardedParam::init(int world, int rank, int64_t shard_dim, const ParamPolicy& policy,
                         const at::Tensor& shard_buffer, const c10::Device& device,
                         const RowsFill& fill) {
-  layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank);
+  layout_ = ShardLayout::compute(param_.sizes().vec(), world, rank, shard_dim);
   requires_grad_ = param_.requires_grad();
   const c10::Device compute = policy.compute_device.value_or(device);
   unsharded_options_ =
@@ -43,17 +52,22 @@ void ShardedParam::init(int world, int rank, const ParamPolicy& policy,
   if (layout_.local_rows > 0) {
     const at::Tensor rows = padded_shard_.view({layout_.shard_rows, layout_.row_numel})
                                 .narrow(0, 0, layout_.local_rows);
-    if (fill) {
+    if (fill && layout_.shard_dim == 0) {
       fill(rows.view(layout_.local_shape()), layout_.row_offset);
+    } else if (fill) {
+      // The loader writes rows of dim 0; a shard along another dim takes slices of the whole
+      // parameter, made once here (one parameter's full size, transiently).
+      at::Tensor full = at::zeros(layout_.shape, shard_options_);
+      fill(full, 0);
+      copy_local_rows(rows, full);
     } else {
-      const at::Tensor full = param_.detach().reshape({layout_.dim0, layout_.row_numel});
-      rows.copy_(full.narrow(0, layout_.row_offset, layout_.local_rows));
+      copy_local_rows(rows, param_.detach());
     }
   }
-  local_shard_ = padded_shard_.narrow(0, 0, layout_.local_rows);
+  local_shard_ = to_param_layout(padded_shard_.narrow(0, 0, layout_.local_rows), layout_);
   // Note [Freeing unsharded storage]: shaped now, memory only while unsharded.
   padded_unsharded_ = util::unallocated(layout_.padded_unsharded_shape(), unsharded_options_);
-  unsharded_view_ = util::contiguous_alias(padded_unsharded_, layout_.shape, 0);
+  unsharded_view_ = unsharded_alias(padded_unsharded_, 0);
   if (param_.is_meta()) {
     // Tensor::set_data refuses a meta -> dense change; the TensorImpl's own shallow copy
     // makes it (as deferred init's allocation does), keeping the autograd metadata.
@@ -62,6 +76,29 @@ void ShardedParam::init(int world, int rank, const ParamPolicy& policy,
     util::set_data_in_place(param_, local_shard_);
   }
   holds_unsharded_ = false;
+}
+
+void ShardedParam::copy_local_rows(const at::Tensor& rows, const at::Tensor& full) const {
+  const at::Tensor moved =
+      to_moved_layout(full, layout_).reshape({layout_.dim0, layout_.row_numel});
+  rows.copy_(moved.narrow(0, layout_.row_offset, layout_.local_rows));
+}
+
+at::Tensor ShardedParam::unsharded_alias(const at::Tensor& storage, int64_t offset) const {
+  const int64_t d = layout_.shard_dim;
+  if (d == 0) return util::contiguous_alias(storage, layout_.shape, offset);
+  // The moved layout is contiguous; the parameter sees it with dim 0 moved to d. Built by
+  // hand, not by movedim: the storage may hold no bytes yet (movedim checks the bounds).
+  const std::vector<int64_t> moved = layout_.moved_shape();
+  std::vector<int64_t> moved_strides(moved.size(), 1);
+  for (size_t i = moved.size(); i-- > 1;) moved_strides[i - 1] = moved_strides[i] * moved[i];
+  std::vector<int64_t> sizes, strides;
+  for (int64_t j = 0; j < static_cast<int64_t>(moved.size()); ++j) {
+    const int64_t source = j < d ? j + 1 : (j == d ? 0 : j);
+    sizes.push_back(moved[source]);
+    strides.push_back(moved_strides[source]);
+  }
+  return util::alias_storage(storage, sizes, strides, offset);
 }
 
 void ShardedParam::alloc_unsharded() {
@@ -170,7 +207,7 @@ bool ShardedParam::accumulate_sharded_grad(const at::Tensor& reduced, bool non_b
 void ShardedParam::share_unsharded_storage(const at::Tensor& group_unsharded, int64_t offset) {
   const int64_t at = group_unsharded.storage_offset() + offset;
   padded_unsharded_ = util::contiguous_alias(group_unsharded, layout_.padded_unsharded_shape(), at);
-  unsharded_view_ = util::contiguous_alias(group_unsharded, layout_.shape, at);
+  unsharded_view_ = unsharded_alias(group_unsharded, at);
 }
 
 void ShardedParam::own_unsharded_storage() {
@@ -179,7 +216,7 @@ void ShardedParam::own_unsharded_storage() {
                            "' while the parameter holds it");
   }
   padded_unsharded_ = util::unallocated(layout_.padded_unsharded_shape(), unsharded_options_);
-  unsharded_view_ = util::contiguous_alias(padded_unsharded_, layout_.shape, 0);
+  unsharded_view_ = unsharded_alias(padded_unsharded_, 0);
   grad_alias_ = at::Tensor();
 }
 

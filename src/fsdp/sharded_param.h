@@ -39,6 +39,12 @@
 
 namespace tdist::fsdp::detail {
 
+/// Note [Sharding on another dim]: a tensor in the moved layout ([rows, other dims...]) as the
+/// parameter shows it, and a tensor shaped like the parameter (or its shard) in the moved
+/// layout. Views; the identity for dim 0.
+at::Tensor to_param_layout(const at::Tensor& moved, const ShardLayout& layout);
+at::Tensor to_moved_layout(const at::Tensor& shown, const ShardLayout& layout);
+
 /// How one parameter is stored sharded and computed with unsharded.
 struct ParamPolicy {
   std::optional<c10::ScalarType> param_dtype;  // unsharded dtype; default: the param's
@@ -52,8 +58,10 @@ class ShardedParam {
   /// Shards `param` (currently holding its full data, identical on all ranks) in place.
   /// `shard_buffer` (optional): padded_shard_numel zeroed elements of the shard dtype/device
   /// to hold the padded shard (a slice of the group's flat shard, Note [Persistent buffers]).
+  /// `shard_dim`: shard_placement_fn's Shard(d) (Note [Sharding on another dim]).
   ShardedParam(std::string fqn, at::Tensor param, int world, int rank,
-               const ParamPolicy& policy = {}, const at::Tensor& shard_buffer = {});
+               const ParamPolicy& policy = {}, const at::Tensor& shard_buffer = {},
+               int64_t shard_dim = 0);
 
   /// Writes this rank's rows [local_rows, ...] of a parameter, the rows from `row_offset` on
   /// of the whole parameter, into its shard, in place.
@@ -62,7 +70,8 @@ class ShardedParam {
   /// its shard is made on `device` and `fill` writes this rank's rows straight into it, so
   /// the full parameter never exists (Note [Deferred init]). Rows fill leaves alone stay 0.
   ShardedParam(std::string fqn, at::Tensor param, int world, int rank, const ParamPolicy& policy,
-               const at::Tensor& shard_buffer, const c10::Device& device, const RowsFill& fill);
+               const at::Tensor& shard_buffer, const c10::Device& device, const RowsFill& fill,
+               int64_t shard_dim = 0);
 
   const std::string& fqn() const { return fqn_; }
   const at::Tensor& param() const { return param_; }
@@ -142,8 +151,13 @@ class ShardedParam {
  private:
   // Both constructors: options and storage on `device`, then this rank's rows copied from
   // the full parameter or written by `fill`.
-  void init(int world, int rank, const ParamPolicy& policy, const at::Tensor& shard_buffer,
-            const c10::Device& device, const RowsFill& fill);
+  void init(int world, int rank, int64_t shard_dim, const ParamPolicy& policy,
+            const at::Tensor& shard_buffer, const c10::Device& device, const RowsFill& fill);
+  /// Copies this rank's rows of `full` (shaped like the parameter) into `rows`
+  /// ([local_rows, row_numel]).
+  void copy_local_rows(const at::Tensor& rows, const at::Tensor& full) const;
+  /// The parameter-shaped view of unsharded data at `offset` in `storage`'s storage.
+  at::Tensor unsharded_alias(const at::Tensor& storage, int64_t offset) const;
 
   static void prefetch_impl(const at::Tensor& t, bool write) {
     const char* impl = reinterpret_cast<const char*>(t.unsafeGetTensorImpl());

@@ -134,7 +134,7 @@ std::optional<ShardedTensor> slice_of(const at::Tensor& local, const ShardLayout
     return ShardedTensor::whole(local.reshape(at::IntArrayRef{}));
   }
   std::vector<int64_t> offsets(layout.shape.size(), 0);
-  offsets[0] = layout.row_offset;
+  offsets[layout.shard_dim] = layout.row_offset;
   return ShardedTensor{local, layout.shape, offsets};
 }
 
@@ -222,7 +222,9 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
       fail("expected the full tensor of shape " + shape_str(l.shape) + ", got " +
            shape_str(src.local.sizes()));
     }
-    if (l.local_rows > 0) {
+    if (l.local_rows > 0 && l.shard_dim != 0) {
+      target.copy_(src.local.narrow(l.shard_dim, l.row_offset, l.local_rows));
+    } else if (l.local_rows > 0) {
       target.view({l.local_rows, l.row_numel})
           .copy_(src.local.reshape({l.dim0, l.row_numel}).narrow(0, l.row_offset, l.local_rows));
     }

@@ -122,6 +122,44 @@ TEST(DeferredInit, SameFullParametersAtEveryWorldSizeAndTrainsLikeTheOrdinaryPat
   tdist::testing::expect_all_ok_at_worlds("deferred_init_tiny", {1, 2, 3, 4});
 }
 
+// shard_placement_fn's Shard(-1) on the matrices (Note [Sharding on another dim]): the same
+// full parameters from init_fn, and from a loader, which is given whole tensors for them.
+TDIST_SCENARIO(deferred_init_shard_placement) {
+  init_process_group(InitProcessGroupOptions().backend("gloo"));
+  const TinyConfig config = testing::uneven_tiny_config();
+  TinyTransformer whole(config);
+  init_parameters(whole, tiny_options());
+  const auto options = FullyShardOptions().shard_placement_fn(
+      [](const std::string&, const at::Tensor& p) -> std::optional<tensor::Shard> {
+        if (p.dim() < 2) return std::nullopt;
+        return tensor::Shard(-1);
+      });
+  auto shard_on_last_dim = [&](TinyTransformer& model) {
+    for (auto& block : model->blocks) fully_shard(block, options);
+    fully_shard(model, options);
+  };
+  TinyTransformer initialised = build_on_meta(config);
+  shard_on_last_dim(initialised);
+  materialize(initialised, tiny_options());
+  expect_full_params_equal(initialised, whole);
+
+  const auto whole_params = whole->named_parameters();
+  TinyTransformer loaded = build_on_meta(config);
+  shard_on_last_dim(loaded);
+  materialize(loaded, MaterializeOptions().load_fn([&](const TensorRows& part) {
+    const at::Tensor& source = whole_params[part.name];
+    if (source.dim() >= 2) EXPECT_EQ(part.rows.sizes(), source.sizes()) << part.name;
+    part.rows.copy_(source.dim() == 0 ? source
+                                      : source.narrow(0, part.row_begin, part.rows.size(0)));
+  }));
+  expect_full_params_equal(loaded, whole);
+  destroy_process_group();
+}
+
+TEST(DeferredInit, ShardsOnAnotherDimHoldTheSameFullParameters) {
+  tdist::testing::expect_all_ok_at_worlds("deferred_init_shard_placement", {2, 3});
+}
+
 // A model with buffers: BatchNorm's running statistics (LibTorch's reset) and one of its
 // own (the init_fn's), materialised whole on every rank.
 struct NormedNetImpl : torch::nn::Module {

@@ -60,6 +60,25 @@ TEST(ShardLayout, MoreRanksThanRows) {
   EXPECT_EQ(l3.padded_shard_numel(), 5);
 }
 
+// Note [Sharding on another dim]: the arithmetic of dim 0 on the moved shape.
+TEST(ShardLayout, AnotherDimUsesTheMovedShape) {
+  // [4, 7, 3] on dim 1 over 3 ranks: torch.chunk gives 3, 3, 1 slices.
+  std::vector<int64_t> locals;
+  for (int r = 0; r < 3; ++r) {
+    ShardLayout l = ShardLayout::compute({4, 7, 3}, 3, r, 1);
+    EXPECT_EQ(l.moved_shape(), (std::vector<int64_t>{7, 4, 3}));
+    EXPECT_EQ(l.dim0, 7);
+    EXPECT_EQ(l.row_numel, 12);
+    EXPECT_EQ(l.shard_rows, 3);
+    EXPECT_EQ(l.padded_shard_shape(), (std::vector<int64_t>{3, 4, 3}));
+    EXPECT_EQ(l.param_local_shape(), (std::vector<int64_t>{4, l.local_rows, 3}));
+    locals.push_back(l.local_rows);
+  }
+  EXPECT_EQ(locals, (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_THROW(ShardLayout::compute({4, 7}, 2, 0, 2), InvalidArgument);
+  EXPECT_THROW(ShardLayout::compute({}, 2, 0, 1), InvalidArgument);
+}
+
 TEST(ShardLayout, RejectsBadArguments) {
   EXPECT_THROW(ShardLayout::compute({4}, 0, 0), InvalidArgument);
   EXPECT_THROW(ShardLayout::compute({4}, 2, 2), InvalidArgument);

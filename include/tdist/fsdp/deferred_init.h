@@ -77,8 +77,9 @@ void reset_builtin_parameters(const std::string& name, torch::nn::Module& module
 /// [row_begin, row_begin + rows.size(0)) of dim 0 of the tensor named `name` (its name in
 /// the model, as named_parameters() / named_buffers() give it), whose whole shape is
 /// `shape`. For a parameter a deferred fully_shard call manages, the rows of this rank's
-/// shard (possibly none: the loader is not called then); for every other tensor, all of
-/// its rows. A 0-dim tensor is passed whole, as itself.
+/// shard (possibly none: the loader is not called then); for every other tensor, and for a
+/// parameter sharded on another dim (shard_placement_fn), all of its rows. A 0-dim tensor is
+/// passed whole, as itself.
 struct TensorRows {
   std::string name;
   std::vector<int64_t> shape;

@@ -15,6 +15,7 @@
 #include "tdist/arg.h"
 #include "tdist/comm/process_group.h"
 #include "tdist/mesh/device_mesh.h"
+#include "tdist/tensor/placement.h"
 
 namespace tdist::fsdp {
 
@@ -99,6 +100,14 @@ struct FullyShardOptions {
   /// FSDP2's ignored_params). Parameters with requires_grad=false are sharded but never
   /// reduced (frozen parameters may share a module with trainable ones).
   TDIST_ARG(std::vector<at::Tensor>, ignored_params) = {};
+  /// FSDP2's shard_placement_fn: called for each parameter this call manages with its name
+  /// (relative to the module given to fully_shard) and the parameter; returns the dim to
+  /// shard it on, tensor::Shard(d) (negative d counts from the end), or nullopt for dim 0.
+  /// Uneven sizes are padded along d, as along dim 0 (PyTorch 2.11 refuses them for d > 0);
+  /// at rest the parameter is its slice along d (Note [Sharding on another dim]).
+  using ShardPlacementFn =
+      std::function<std::optional<tensor::Shard>(const std::string& name, const at::Tensor&)>;
+  TDIST_ARG(ShardPlacementFn, shard_placement_fn) = nullptr;
 };
 
 /// Per-module FSDP counters (see bench/fsdp).

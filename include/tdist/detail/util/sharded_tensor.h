@@ -18,7 +18,7 @@ struct ShardedTensor {
   at::Tensor local;
   /// Shape of the whole tensor across all ranks.
   std::vector<int64_t> global_shape;
-  /// Offset of `local` in the whole tensor, per dimension (FSDP shards on dim 0 only).
+  /// Offset of `local` in the whole tensor, per dimension (FSDP: along its shard dim).
   std::vector<int64_t> offsets;
 
   /// A tensor owned whole by this rank.
