@@ -97,7 +97,8 @@ case "$target" in
     max_len=65536
     ;;
   launch_args)
-    sources+=("$src/src/launch/launch_config.cpp")
+    sources+=("$src/src/launch/launch_config.cpp" "$src/src/launch/numa_binding.cpp"
+              "$src/src/launch/cpu_topology.cpp")
     max_len=2048
     ;;
   train_config)
