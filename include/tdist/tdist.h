@@ -64,9 +64,11 @@
 #include "tdist/models/tensor_parallel.h"
 #include "tdist/models/tokenizer.h"
 // The launcher's library (tdistrun is a thin main over it).
+#include "tdist/launch/cpu_topology.h"
 #include "tdist/launch/elastic_agent.h"
 #include "tdist/launch/launch_config.h"
 #include "tdist/launch/launcher.h"
+#include "tdist/launch/numa_binding.h"
 #include "tdist/launch/rendezvous.h"
 #include "tdist/launch/worker_group.h"
 #include "tdist/launch/worker_output.h"
