@@ -310,20 +310,49 @@ ElasticAgent::Outcome ElasticAgent::run_round(const RendezvousInfo& info,
     auto now = Clock::now();
     if (now - last_check >= config_.monitor_interval || reported_success) {
       last_check = now;
-      if (rendezvous_.failure_reported(info.round)) {
-        group.stop(SIGTERM, config_.stop_timeout, force);
-        return Outcome::kEnded;
-      }
-      // Only a node whose workers still run may end the round: a round in which every node
-      // reported success is over, and nobody may restart it behind the others' back.
-      if (!reported_success && node_waiting_with_room(info)) {
-        rendezvous_.request_rejoin(info.round, "a node is waiting to join");
-        group.stop(SIGTERM, config_.stop_timeout, force);
-        return Outcome::kEnded;
-      }
-      if (reported_success && rendezvous_.all_succeeded(info.round)) return Outcome::kSucceeded;
+      if (auto outcome = check_round(group, info, reported_success, force)) return *outcome;
     }
   }
+}
+
+std::optional<ElasticAgent::Outcome> ElasticAgent::check_round(WorkerGroup& group,
+                                                               const RendezvousInfo& info,
+                                                               bool reported_success,
+                                                               const std::function<bool()>& force) {
+  KeepAliveProblem problem = rendezvous_.keep_alive(info);
+  if (!problem.empty()) return end_for_silence(group, info, problem, force);
+  try {
+    if (rendezvous_.failure_reported(info.round)) {
+      group.stop(SIGTERM, config_.stop_timeout, force);
+      return Outcome::kEnded;
+    }
+    // Only a node whose workers still run may end the round: a round in which every node
+    // reported success is over, and nobody may restart it behind the others' back.
+    if (!reported_success && node_waiting_with_room(info)) {
+      rendezvous_.request_rejoin(info.round, "a node is waiting to join");
+      group.stop(SIGTERM, config_.stop_timeout, force);
+      return Outcome::kEnded;
+    }
+    if (reported_success && rendezvous_.all_succeeded(info.round)) return Outcome::kSucceeded;
+  } catch (const TimeoutError& e) {
+    return end_for_silence(group, info, rendezvous_.lost_store(e.what()), force);
+  }
+  return std::nullopt;
+}
+
+ElasticAgent::Outcome ElasticAgent::end_for_silence(WorkerGroup& group, const RendezvousInfo& info,
+                                                    const KeepAliveProblem& problem,
+                                                    const std::function<bool()>& force) {
+  note(problem.what);
+  if (!problem.store_lost) {
+    try {
+      rendezvous_.report_failure(info.round, "first failure: " + problem.what);
+    } catch (const std::exception& e) {
+      note(std::string("could not tell the other nodes: ") + e.what());
+    }
+  }
+  group.stop(SIGTERM, config_.stop_timeout, force);
+  return problem.store_lost ? Outcome::kStoreLost : Outcome::kEnded;
 }
 
 bool ElasticAgent::node_waiting_with_room(const RendezvousInfo& info) {
@@ -383,6 +412,10 @@ int ElasticAgent::run() {
     if (outcome == Outcome::kInterrupted) {
       leave(true);
       return 128 + signal_;
+    }
+    if (outcome == Outcome::kStoreLost) {
+      note("job failed: no restart can meet without the rendezvous store");
+      return 1;
     }
     std::string aborted = rendezvous_.aborted();
     if (!aborted.empty()) {

@@ -179,7 +179,8 @@ void add_launch_options(CLI::App& app, RawLaunchArgs& raw, LaunchConfig& c) {
   app.add_option("--rdzv-id,--rdzv_id", c.rdzv_id, "Job id, the same on every node")
       ->capture_default_str();
   app.add_option("--rdzv-conf,--rdzv_conf", raw.rdzv_conf,
-                 "key=value,...: join_timeout, last_call_timeout, close_timeout (seconds)");
+                 "key=value,...: join_timeout, last_call_timeout, close_timeout, "
+                 "keep_alive_interval (seconds), keep_alive_max_attempt");
   app.add_flag("--standalone", c.standalone,
                "Single node, rendezvous on localhost with a free port");
   app.add_option("--max-restarts,--max_restarts", c.max_restarts,
@@ -280,8 +281,8 @@ void resolve_workers(const RawLaunchArgs& raw, LaunchConfig& c) {
                   "itself, with --bind-to none)");
 }
 
-// --rdzv-conf key=value,...: the timeouts tdistrun uses; torchrun's other keys (read_timeout,
-// is_host...) are accepted and ignored.
+// --rdzv-conf key=value,...: the timeouts and keep-alive settings tdistrun uses (torchelastic's
+// names); torchrun's other keys (read_timeout, is_host...) are accepted and ignored.
 void apply_rdzv_conf(const std::string& rdzv_conf, LaunchConfig& c) {
   for (const auto& item : split(rdzv_conf, ',')) {
     if (item.empty()) continue;
@@ -301,6 +302,16 @@ void apply_rdzv_conf(const std::string& rdzv_conf, LaunchConfig& c) {
       c.last_call_timeout = seconds_to_ms(seconds, key);
     } else if (key == "close_timeout" || key == "exit_barrier_timeout") {
       c.exit_barrier_timeout = seconds_to_ms(seconds, key);
+    } else if (key == "keep_alive_interval") {
+      c.keep_alive_interval = seconds_to_ms(seconds, key);
+      TDIST_CHECK_ARG(c.keep_alive_interval.count() > 0,
+                      "tdistrun: --rdzv-conf keep_alive_interval must be positive, got " + value);
+    } else if (key == "keep_alive_max_attempt") {
+      TDIST_CHECK_ARG(seconds >= 1 && seconds == static_cast<int>(seconds),
+                      "tdistrun: --rdzv-conf keep_alive_max_attempt must be a whole number >= 1, "
+                      "got " +
+                          value);
+      c.keep_alive_max_attempt = static_cast<int>(seconds);
     }
   }
 }

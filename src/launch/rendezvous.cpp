@@ -23,6 +23,12 @@ std::vector<uint8_t> bytes(const std::string& s) {
 std::string text(const std::vector<uint8_t>& v) {
   return {v.begin(), v.end()};
 }
+std::string seconds_text(milliseconds d) {
+  std::ostringstream out;
+  out.precision(1);
+  out << std::fixed << static_cast<double>(d.count()) / 1000.0 << " s";
+  return out.str();
+}
 void rendezvous_note(const std::string& message) {
   std::string line = "tdistrun: " + message + "\n";
   write_all(2, line.data(), line.size());
@@ -175,6 +181,7 @@ int StoreRendezvous::current_round() {
 }
 
 RendezvousInfo StoreRendezvous::join(int round, int restarts) {
+  store_->set_timeout(config_.join_timeout);  // the round's keep-alives shortened it
   if (is_host_) store_->set(key("round"), std::to_string(round));
   // A node that starts while the job runs begins at the job's round, not at 0.
   if (!is_host_ && admits_late_nodes()) round = std::max(round, current_round());
@@ -312,6 +319,77 @@ void StoreRendezvous::shutdown(bool quick) {
     std::this_thread::sleep_for(kPollStep);
     finished = store_->add(key("exit"), 0);
   }
+}
+
+// ---- Note [Agent keep-alives] ----------------------------------------------------------
+
+KeepAliveProblem StoreRendezvous::keep_alive(const RendezvousInfo& info) {
+  const auto now = Clock::now();
+  if (watch_.round == info.round && now - watch_.last_beat < config_.keep_alive_interval) {
+    return {};
+  }
+  if (watch_.round != info.round) {
+    // While the round runs, no request waits longer than a silent node is given: the store's
+    // host vanishing shows as unanswered requests within the same time (join restores it).
+    store_->set_timeout(config_.keep_alive_interval * config_.keep_alive_max_attempt);
+  }
+  watch_.last_beat = now;
+  try {
+    store_->add(round_key(info.round, "alive/" + std::to_string(info.group_rank)), 1);
+    return check_peers(info);
+  } catch (const std::exception& e) {
+    return lost_store(e.what());
+  }
+}
+
+KeepAliveProblem StoreRendezvous::lost_store(const std::string& error) {
+  const auto window = config_.keep_alive_interval * config_.keep_alive_max_attempt;
+  KeepAliveProblem problem;
+  problem.store_lost = true;
+  problem.what = "the rendezvous store at " + config_.rdzv_host + ":" +
+                 std::to_string(config_.rdzv_port) + " did not answer within " +
+                 seconds_text(window) + " (" + std::to_string(config_.keep_alive_max_attempt) +
+                 " keep-alive intervals of " + seconds_text(config_.keep_alive_interval) +
+                 ", --rdzv-conf keep_alive_interval / keep_alive_max_attempt): the launcher "
+                 "hosting it stopped, or its host vanished or lost its network (" +
+                 error + ")";
+  return problem;
+}
+
+KeepAliveProblem StoreRendezvous::check_peers(const RendezvousInfo& info) {
+  const auto now = Clock::now();
+  const auto nodes = static_cast<size_t>(info.group_world_size);
+  if (watch_.round != info.round) {
+    watch_.round = info.round;
+    watch_.counts.assign(nodes, -1);
+    watch_.moved.assign(nodes, now);
+  }
+  const auto window = config_.keep_alive_interval * config_.keep_alive_max_attempt;
+  for (size_t g = 0; g < nodes; ++g) {
+    if (static_cast<int>(g) == info.group_rank) continue;
+    const int64_t count = store_->add(round_key(info.round, "alive/" + std::to_string(g)), 0);
+    if (count != watch_.counts[g]) {
+      watch_.counts[g] = count;
+      watch_.moved[g] = now;
+      continue;
+    }
+    if (now - watch_.moved[g] < window) continue;
+    std::istringstream node(store_->get_string(round_key(info.round, "node/" + std::to_string(g))));
+    int nproc = 0;
+    std::string host;
+    node >> nproc >> host;
+    KeepAliveProblem problem;
+    problem.what =
+        "node " + std::to_string(g) + " (host " + host + ") sent no keep-alive for " +
+        seconds_text(std::chrono::duration_cast<milliseconds>(now - watch_.moved[g])) + " (" +
+        std::to_string(config_.keep_alive_max_attempt) + " intervals of " +
+        seconds_text(config_.keep_alive_interval) +
+        ", --rdzv-conf keep_alive_interval / keep_alive_max_attempt): its launcher stopped, or "
+        "its host vanished or lost its network; noticed by node " +
+        std::to_string(info.group_rank) + " (" + detail::host_name() + ")";
+    return problem;
+  }
+  return {};
 }
 
 }  // namespace tdist::launch

@@ -95,6 +95,21 @@ TEST(LaunchConfig, RdzvConfTimeouts) {
   ASSERT_TRUE(p.config) << p.message;
   EXPECT_EQ(p.config->join_timeout.count(), 2500);
   EXPECT_EQ(p.config->last_call_timeout.count(), 1000);
+  EXPECT_EQ(p.config->keep_alive_interval.count(), 1000);  // Note [Agent keep-alives]
+  EXPECT_EQ(p.config->keep_alive_max_attempt, 5);
+  p = parse({"--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
+             "keep_alive_interval=0.25,keep_alive_max_attempt=3", "prog"});
+  ASSERT_TRUE(p.config) << p.message;
+  EXPECT_EQ(p.config->keep_alive_interval.count(), 250);
+  EXPECT_EQ(p.config->keep_alive_max_attempt, 3);
+  for (const char* bad :
+       {"keep_alive_max_attempt=0", "keep_alive_max_attempt=2.5", "keep_alive_interval=0"}) {
+    p = parse({"--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", bad, "prog"});
+    EXPECT_FALSE(p.config) << bad;
+    EXPECT_NE(p.message.find(std::string(bad).substr(0, std::string(bad).find('='))),
+              std::string::npos)
+        << p.message;
+  }
 }
 
 TEST(LaunchConfig, UsageErrorsExplainThemselves) {

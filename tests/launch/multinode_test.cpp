@@ -237,6 +237,65 @@ TEST(TdistrunMultiNode, LateNodeJoinsARunningElasticJob) {
   EXPECT_EQ(ra.err.find("restarting the workers (restart"), std::string::npos) << ra.err;
 }
 
+// Note [Agent keep-alives]: two static nodes whose workers run until stopped, keep-alives
+// every 0.2 s, 5 missed allowed.
+std::vector<std::string> keep_alive_node(int node_rank, int port) {
+  auto argv = node(static_node(node_rank, port), {"--print-env", "--on-term", "--sleep", "60"});
+  argv[6] = "join_timeout=30,close_timeout=2,keep_alive_interval=0.2,keep_alive_max_attempt=5";
+  return argv;
+}
+
+void wait_until_both_run(Proc& a, Proc& b) {
+  auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  auto running = [](Proc& p, int rank) {
+    return p.out_so_far().find("[rank " + std::to_string(rank) + "]") != std::string::npos ||
+           p.err_so_far().find("[rank " + std::to_string(rank) + "]") != std::string::npos;
+  };
+  while (std::chrono::steady_clock::now() < deadline && !(running(a, 0) && running(b, 2))) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A node's launcher stops (SIGSTOP: no socket closed): node 0 names it and ends the job.
+TEST(TdistrunMultiNode, AStoppedLauncherIsNamedByKeepAlives) {
+  int port = free_tcp_port();
+  Proc a(keep_alive_node(0, port));
+  Proc b(keep_alive_node(1, port));
+  wait_until_both_run(a, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  b.kill(SIGSTOP);
+  auto ra = a.wait(seconds(30));
+  b.kill(SIGCONT);
+  auto rb = b.wait(seconds(30));
+  EXPECT_FALSE(ra.timed_out) << describe(ra);
+  EXPECT_EQ(ra.exit_code, 1) << describe(ra);
+  EXPECT_NE(ra.err.find("node 1 (host "), std::string::npos) << ra.err;
+  EXPECT_NE(ra.err.find("sent no keep-alive for"), std::string::npos) << ra.err;
+  EXPECT_NE(ra.err.find("noticed by node 0"), std::string::npos) << ra.err;
+  EXPECT_FALSE(rb.timed_out) << describe(rb);
+  EXPECT_NE(rb.exit_code, 0) << describe(rb);
+}
+
+// The launcher hosting the rendezvous store stops: the other node names the store.
+TEST(TdistrunMultiNode, AStoppedStoreHostIsNamedByKeepAlives) {
+  int port = free_tcp_port();
+  Proc a(keep_alive_node(0, port));
+  Proc b(keep_alive_node(1, port));
+  wait_until_both_run(a, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  a.kill(SIGSTOP);
+  auto rb = b.wait(seconds(30));
+  a.kill(SIGCONT);
+  auto ra = a.wait(seconds(30));
+  EXPECT_FALSE(rb.timed_out) << describe(rb);
+  EXPECT_EQ(rb.exit_code, 1) << describe(rb);
+  EXPECT_NE(rb.err.find("the rendezvous store at 127.0.0.1:"), std::string::npos) << rb.err;
+  EXPECT_NE(rb.err.find("did not answer within 1.0 s"), std::string::npos) << rb.err;
+  EXPECT_NE(rb.err.find("no restart can meet without the rendezvous store"), std::string::npos)
+      << rb.err;
+  EXPECT_FALSE(ra.timed_out) << describe(ra);
+}
+
 TEST_F(NetnsPair, TwoHostsFormOneWorld) {
   const int port = 29555;  // each namespace has its own ports
   Proc b(node(static_node(1, port, addr_[0]), {"--print-env"}, in_ns(1)));

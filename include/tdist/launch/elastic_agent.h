@@ -6,7 +6,9 @@
 // restarts the round, without counting (Note [Late joiners] in rendezvous.h).
 
 #include <chrono>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,10 +36,18 @@ class ElasticAgent {
 
  private:
   // kEnded: a failure or a membership change ended the round (the rendezvous says which).
-  enum class Outcome { kSucceeded, kEnded, kInterrupted };
+  // kStoreLost: the rendezvous store stopped answering (Note [Agent keep-alives]).
+  enum class Outcome { kSucceeded, kEnded, kInterrupted, kStoreLost };
   /// How long a failure that names a lost peer waits for that peer's own failure.
   static constexpr std::chrono::milliseconds kCauseWait{2000};
   Outcome run_round(const RendezvousInfo& info, const std::string& program);
+  /// The round's periodic look at the rendezvous: keep-alives, failures, late nodes, the
+  /// outcome. nullopt: the round goes on.
+  std::optional<Outcome> check_round(WorkerGroup& group, const RendezvousInfo& info,
+                                     bool reported_success, const std::function<bool()>& force);
+  /// Ends the round for a silent node or store (Note [Agent keep-alives]).
+  Outcome end_for_silence(WorkerGroup& group, const RendezvousInfo& info,
+                          const KeepAliveProblem& problem, const std::function<bool()>& force);
   /// True when a node waits to join and this round has room for it (Note [Late joiners]).
   bool node_waiting_with_room(const RendezvousInfo& info);
   /// The worker to name as the round's first failure (Note [Blaming the lost peer]).

@@ -57,6 +57,10 @@ struct LaunchConfig {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   /// Node 0 keeps the store alive this long for the others to read the outcome.
   std::chrono::milliseconds exit_barrier_timeout{std::chrono::seconds(60)};
+  /// Note [Agent keep-alives]: every agent of a multi-node job beats this often; a node
+  /// (or the store) silent for keep_alive_max_attempt beats ends the round, naming it.
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(1)};
+  int keep_alive_max_attempt = 5;
   bool standalone = false;
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};

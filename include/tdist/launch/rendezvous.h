@@ -16,6 +16,7 @@
 //   r<R>/failure     why the round ended (compare_set: first wins): a failure summary, or
 //                    kMembershipChange + reason when it ended to admit waiting nodes
 //   r<R>/waiting     counter of nodes that came after round R closed, waiting for R+1
+//   r<R>/alive/<g>   group rank g's keep-alive counter (Note [Agent keep-alives])
 //   r<R>/done        counter of nodes whose workers all succeeded
 //   secret           the workers' store secret (when the launcher made one)
 //   abort            a launcher was interrupted: every node stops without restarting
@@ -24,11 +25,23 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tdist/error.h"
 #include "tdist/launch/launch_config.h"
 #include "tdist/store/store.h"
 
+// Note [Agent keep-alives]: while a round runs, every agent of a store rendezvous adds 1 to
+// r<R>/alive/<g> every keep_alive_interval and reads the other nodes' counters (torchelastic's
+// keep-alives, through the same store). A counter that has not moved for
+// keep_alive_max_attempt intervals means that node's launcher stopped or its host vanished
+// or lost its network without closing a socket (a node that ends normally reports first): the
+// agent that sees it reports a failure naming the node and host, which ends the round on every
+// node and restarts it as any failure does (--max-restarts). The store's own host falling
+// silent shows as store requests unanswered for the same time (the requests' timeout during
+// the round): those agents stop their workers and end with an error naming it, since no
+// restart can meet without it. Workers watch each other on their own (TDIST_HEARTBEAT_*).
+//
 // Note [Late joiners]: with --nnodes MIN:MAX (c10d), a node that comes after round R closed
 // with fewer than MAX nodes adds itself to r<R>/waiting and waits for round R+1 to open.
 // The running agents poll that counter every --monitor-interval; the first to see it while
@@ -44,6 +57,13 @@ namespace tdist::launch {
 class Interrupted : public Error {
  public:
   using Error::Error;
+};
+
+/// What a keep-alive found wrong (Note [Agent keep-alives]); empty when nothing.
+struct KeepAliveProblem {
+  std::string what;         // names the silent node, or the silent store
+  bool store_lost = false;  // the store itself stopped answering: no restart can meet
+  bool empty() const { return what.empty(); }
 };
 
 struct RendezvousInfo {
@@ -80,6 +100,11 @@ class Rendezvous {
   virtual int nodes_waiting(int round) = 0;
   /// Ends `round` to admit the waiting nodes, unless a failure ended it first.
   virtual void request_rejoin(int round, const std::string& reason) = 0;
+  /// Beats for this node and checks the others (Note [Agent keep-alives]); cheap to call
+  /// often (it acts once per keep_alive_interval). Never throws.
+  virtual KeepAliveProblem keep_alive(const RendezvousInfo&) { return {}; }
+  /// The problem to report when a store request failed while the round ran (`error`).
+  virtual KeepAliveProblem lost_store(const std::string& error) { return {error, true}; }
   /// True when `round` ended for a membership change rather than a failure.
   bool membership_changed(int round) { return failure(round).rfind(kMembershipChange, 0) == 0; }
   virtual void report_success(int round) = 0;
@@ -144,9 +169,19 @@ class StoreRendezvous : public Rendezvous {
   void abort(const std::string& reason) override;
   std::string aborted() override;
   void shutdown(bool quick) override;
+  KeepAliveProblem keep_alive(const RendezvousInfo& info) override;
+  KeepAliveProblem lost_store(const std::string& error) override;
 
  private:
   std::string key(const std::string& name) const { return prefix_ + name; }
+  /// The keep-alive counters last read, per group rank, and when each last moved.
+  struct KeepAliveWatch {
+    int round = -1;
+    std::chrono::steady_clock::time_point last_beat;
+    std::vector<int64_t> counts;
+    std::vector<std::chrono::steady_clock::time_point> moved;
+  };
+  KeepAliveProblem check_peers(const RendezvousInfo& info);
   std::string round_key(int round, const std::string& name) const;
   /// Elastic c10d: a node that comes late waits for the next round (Note [Late joiners]).
   bool admits_late_nodes() const;
@@ -166,6 +201,7 @@ class StoreRendezvous : public Rendezvous {
   bool is_host_;
   std::string prefix_;
   int nodes_in_round_ = 0;
+  KeepAliveWatch watch_;
 };
 
 /// False when the launcher must not make a workers' store secret
