@@ -139,8 +139,14 @@ void fused_bucket(torch::optim::Optimizer& opt, detail::StepTensors& steps,
                   std::vector<at::Tensor> params, std::vector<at::Tensor> grads, const AdamHyper& h,
                   bool decoupled) {
   std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps;
-  for (const auto& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
     State& st = state_of<State>(opt, p, h.amsgrad);
+    // Note [Fused kernels and strides]; the state keeps the re-laid tensors.
+    grads[i] = detail::laid_out_like(p, grads[i]);
+    st.exp_avg(detail::laid_out_like(p, st.exp_avg()));
+    st.exp_avg_sq(detail::laid_out_like(p, st.exp_avg_sq()));
+    if (h.amsgrad) st.max_exp_avg_sq(detail::laid_out_like(p, st.max_exp_avg_sq()));
     exp_avgs.push_back(st.exp_avg());
     exp_avg_sqs.push_back(st.exp_avg_sq());
     if (h.amsgrad) max_exp_avg_sqs.push_back(st.max_exp_avg_sq());

@@ -91,7 +91,9 @@ void foreach_bucket(torch::optim::Optimizer& opt, std::vector<at::Tensor> params
 // their own with is_first_step (the kernel then fills the buffer), as torch.optim's
 // _fused_sgd does for a first step.
 void fused_bucket(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params,
-                  const std::vector<at::Tensor>& grads, const SGDHyper& h) {
+                  std::vector<at::Tensor> grads, const SGDHyper& h) {
+  // Note [Fused kernels and strides].
+  for (size_t i = 0; i < params.size(); ++i) grads[i] = detail::laid_out_like(params[i], grads[i]);
   if (h.momentum == 0) {
     at::_fused_sgd_(params, grads, {}, h.weight_decay, h.momentum, h.lr, h.dampening, h.nesterov,
                     h.maximize, /*is_first_step=*/false);
@@ -101,6 +103,7 @@ void fused_bucket(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& p
   for (size_t i = 0; i < params.size(); ++i) {
     auto& st = state_of(opt, params[i]);
     if (st.momentum_buffer().defined()) {
+      st.momentum_buffer(detail::laid_out_like(params[i], st.momentum_buffer()));
       p_old.push_back(params[i]), g_old.push_back(grads[i]);
       b_old.push_back(st.momentum_buffer());
     } else {

@@ -59,6 +59,10 @@ Implementation resolve(Implementation requested, const SteppedParams& stepped, s
           name + " is " + std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
               "; ATen's fused kernels take floating-point parameters on CPU or CUDA (use "
               "Implementation::kForeach or kForLoop)");
+      TDIST_CHECK_ARG(p.is_non_overlapping_and_dense(),
+                      name +
+                          " is not dense (its elements overlap or leave gaps); the fused kernel "
+                          "walks it as memory (use Implementation::kForeach or kForLoop)");
       TDIST_CHECK_ARG(stepped.grads[k].device() == p.device() &&
                           stepped.grads[k].scalar_type() == p.scalar_type(),
                       name +
@@ -67,6 +71,13 @@ Implementation resolve(Implementation requested, const SteppedParams& stepped, s
     }
   }
   return requested;
+}
+
+at::Tensor laid_out_like(const at::Tensor& param, const at::Tensor& t) {
+  if (!t.defined() || t.strides() == param.strides()) return t;
+  at::Tensor out = at::empty_like(param, at::MemoryFormat::Preserve);
+  out.copy_(t);
+  return out;
 }
 
 std::vector<std::vector<size_t>> by_device_and_dtype(const std::vector<at::Tensor>& params) {

@@ -31,6 +31,16 @@ SteppedParams stepped_params(const std::vector<at::Tensor>& group, size_t group_
 Implementation resolve(Implementation requested, const SteppedParams& stepped, size_t group_index,
                        const char* optimizer);
 
+// Note [Fused kernels and strides]
+// ATen's fused optimizer kernels walk a parameter, its gradient and its state as flat memory:
+// on tensors of different strides (a transposed parameter, the slice of a parameter sharded on
+// another dim, with a contiguous gradient or a state loaded contiguous) they silently combine
+// the wrong elements. The fused paths therefore take only dense parameters (resolve) and lay
+// every other tensor out as its parameter is (laid_out_like) before the call.
+
+/// `t` itself when it has `param`'s strides, else a copy of it that does (param dense).
+at::Tensor laid_out_like(const at::Tensor& param, const at::Tensor& t);
+
 /// Index lists of `params` with equal device and dtype, in first-seen order.
 std::vector<std::vector<size_t>> by_device_and_dtype(const std::vector<at::Tensor>& params);
 

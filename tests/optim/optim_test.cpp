@@ -311,6 +311,81 @@ TEST(Optim, RefusesWhatAnImplementationCannotTakeByParameter) {
   EXPECT_EQ(optim::implementation_from_string("foreach"), Implementation::kForeach);
 }
 
+// Note [Fused kernels and strides]: parameters laid out non-contiguously (a transpose, a
+// permutation: what FSDP's slices along another dim are) with contiguous gradients, and a
+// state replaced by a contiguous copy midway (as a loaded checkpoint gives), step as
+// torch::optim steps them; a parameter that is not dense is refused.
+TEST(Optim, FusedTakesParametersOfAnyDenseLayout) {
+  auto make = [] {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    return std::vector<at::Tensor>{at::randn({5, 7}, gen).t(),
+                                   at::randn({2, 3, 4}, gen).permute({2, 0, 1})};
+  };
+  auto contiguous_grads = [](const std::vector<at::Tensor>& params, int step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      p.mutable_grad() = (0.1 * p + at::sin(p * 3.0 + static_cast<double>(step + i))).contiguous();
+      ASSERT_NE(p.grad().strides(), p.strides());
+    }
+  };
+  auto run = [&](torch::optim::Optimizer& ours, const std::vector<at::Tensor>& p_ours,
+                 torch::optim::Optimizer& ref, const std::vector<at::Tensor>& p_ref,
+                 const std::function<void()>& make_state_contiguous) {
+    for (int s = 0; s < 20; ++s) {
+      contiguous_grads(p_ours, s);
+      contiguous_grads(p_ref, s);
+      ours.step();
+      ref.step();
+      if (s == 5) make_state_contiguous();
+    }
+    return max_diff(p_ours, p_ref);
+  };
+  {
+    auto p = make(), r = make();
+    ASSERT_FALSE(p[0].is_contiguous());
+    optim::AdamW ours(p, optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true).implementation(
+                             Implementation::kFused));
+    torch::optim::AdamW ref(r, torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(true));
+    EXPECT_LE(run(ours, p, ref, r,
+                  [&] {
+                    for (const auto& t : p) {
+                      auto& st = static_cast<torch::optim::AdamWParamState&>(
+                          *ours.state().at(t.unsafeGetTensorImpl()));
+                      st.exp_avg(st.exp_avg().contiguous());
+                      st.exp_avg_sq(st.exp_avg_sq().contiguous());
+                      st.max_exp_avg_sq(st.max_exp_avg_sq().contiguous());
+                    }
+                  }),
+              1e-6);
+  }
+  {
+    auto p = make(), r = make();
+    optim::Adam ours(p, optim::AdamOptions(1e-2).implementation(Implementation::kFused));
+    torch::optim::Adam ref(r, torch::optim::AdamOptions(1e-2));
+    EXPECT_LE(run(ours, p, ref, r, [] {}), 1e-6);
+  }
+  {
+    auto p = make(), r = make();
+    optim::SGD ours(p, optim::SGDOptions(0.05).momentum(0.9).nesterov(true).implementation(
+                           Implementation::kFused));
+    torch::optim::SGD ref(r, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true));
+    EXPECT_LE(run(ours, p, ref, r,
+                  [&] {
+                    for (const auto& t : p) {
+                      auto& st = static_cast<torch::optim::SGDParamState&>(
+                          *ours.state().at(t.unsafeGetTensorImpl()));
+                      st.momentum_buffer(st.momentum_buffer().contiguous());
+                    }
+                  }),
+              1e-6);
+  }
+  auto overlapping = at::randn({1}).expand({4});
+  overlapping.mutable_grad() = at::ones({4});
+  optim::AdamW fused({overlapping}, optim::AdamWOptions().implementation(Implementation::kFused));
+  const std::string e = error_of([&] { fused.step(); });
+  EXPECT_NE(e.find("parameter 0 of param group 0 is not dense"), std::string::npos) << e;
+}
+
 // clip_grad_norm_ on multi-tensor ops: the norm and the clipped gradients equal LibTorch's
 // torch::nn::utils::clip_grad_norm_ for orders 2, 1 and inf, clipping or not.
 TEST(ClipGradNorm, EqualsLibTorchsForEachOrder) {
