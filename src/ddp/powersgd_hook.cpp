@@ -38,11 +38,6 @@ void orthogonalize(const at::Tensor& matrices, double epsilon) {
   matrices.copy_(std::get<0>(at::linalg_qr(matrices)));
 }
 
-WorkPtr averaging_all_reduce(const at::Tensor& tensor, const ProcessGroupPtr& group) {
-  tensor.div_(group->size());
-  return all_reduce(tensor, ReduceOp::SUM, group, /*async_op=*/true);
-}
-
 }  // namespace
 
 // ---- PowerSGDState ---------------------------------------------------------------------
@@ -274,17 +269,13 @@ struct PowerSGDStep {
     if (tensor.numel() > 0) all_reduce(tensor, ReduceOp::SUM, group);
   }
 
+  /// Batched, each shape group is one batch, a stacked copy when it holds several matrices.
   void copy_back_stacked_batches() {
     if (!options.batch_tensors_with_same_shape()) return;
-    size_t batch = 0;
-    for (const ShapeGroup& group_of_shape : shape_groups) {
-      const auto& matrices = group_of_shape.matrices;
-      if (matrices.size() == 1) {
-        ++batch;
-        continue;
-      }
-      for (size_t i = 0; i < matrices.size(); ++i) matrices[i].copy_(batches[batch][i]);
-      ++batch;
+    for (size_t g = 0; g < shape_groups.size(); ++g) {
+      const auto& matrices = shape_groups[g].matrices;
+      if (matrices.size() == 1) continue;  // a view of the gradient: written in place
+      for (size_t i = 0; i < matrices.size(); ++i) matrices[i].copy_(batches[g][i]);
     }
   }
 };
@@ -294,9 +285,10 @@ CommHookFuture powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
       state.options().process_group() ? state.options().process_group() : bucket.process_group();
   if (state.iter_ < state.options().start_powerSGD_iter()) {
     state.maybe_increase_iter(bucket.is_last());
-    at::Tensor buffer = bucket.buffer();
-    WorkPtr work = averaging_all_reduce(buffer, group);
-    return CommHookFuture(std::move(work), [buffer] { return buffer; });
+    // DDP's own averaging, over the state's group.
+    GradBucket over_group(bucket.index(), bucket.is_last(), bucket.buffer(), bucket.gradients(),
+                          bucket.parameters(), group);
+    return allreduce_hook(over_group);
   }
   auto step = std::make_shared<PowerSGDStep>(state, bucket, group);
   WorkPtr work = step->start(bucket.gradients());

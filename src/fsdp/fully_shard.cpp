@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -153,11 +152,9 @@ std::vector<int64_t> shard_dims(const std::vector<std::pair<std::string, at::Ten
     const int64_t dim = placement->dim < 0 ? placement->dim + ndim : placement->dim;
     const bool valid = ndim == 0 ? dim == 0 : dim >= 0 && dim < ndim;
     if (!valid) {
-      std::ostringstream shape;
-      shape << param.sizes();
       TDIST_THROW(InvalidArgument, "fully_shard: shard_placement_fn returned Shard(" +
                                        std::to_string(placement->dim) + ") for parameter '" + name +
-                                       "' of shape " + shape.str() +
+                                       "' of shape " + c10::str(param.sizes()) +
                                        ", which has no such dim; return a dim in [-" +
                                        std::to_string(ndim) + ", " + std::to_string(ndim) +
                                        ") or nullopt for dim 0");

@@ -222,11 +222,10 @@ void write_value(const std::string& key, const at::Tensor& target, const Entry& 
       fail("expected the full tensor of shape " + shape_str(l.shape) + ", got " +
            shape_str(src.local.sizes()));
     }
-    if (l.local_rows > 0 && l.shard_dim != 0) {
-      target.copy_(src.local.narrow(l.shard_dim, l.row_offset, l.local_rows));
-    } else if (l.local_rows > 0) {
-      target.view({l.local_rows, l.row_numel})
-          .copy_(src.local.reshape({l.dim0, l.row_numel}).narrow(0, l.row_offset, l.local_rows));
+    if (l.local_rows > 0) {
+      // This rank's slice along the shard dim (a scalar is one row of one element).
+      const at::Tensor whole = l.shape.empty() ? src.local.reshape({1}) : src.local;
+      target.copy_(whole.narrow(l.shard_dim, l.row_offset, l.local_rows));
     }
     return;
   }

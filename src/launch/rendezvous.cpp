@@ -245,6 +245,14 @@ void StoreRendezvous::check_job_goes_on(int round) {
   }
 }
 
+StoreRendezvous::NodeEntry StoreRendezvous::node_entry(int round, int group_rank) {
+  std::istringstream node(
+      store_->get_string(round_key(round, "node/" + std::to_string(group_rank))));
+  NodeEntry entry;
+  node >> entry.nproc >> entry.host;
+  return entry;
+}
+
 RendezvousInfo StoreRendezvous::round_info(int round, int group_rank) {
   RendezvousInfo info;
   info.round = round;
@@ -254,9 +262,7 @@ RendezvousInfo StoreRendezvous::round_info(int round, int group_rank) {
   info.group_world_size = nodes;
   info.world_size = 0;
   for (int g = 0; g < nodes; ++g) {
-    std::istringstream node(store_->get_string(round_key(round, "node/" + std::to_string(g))));
-    int nproc = 0;
-    node >> nproc;
+    const int nproc = node_entry(round, g).nproc;
     if (g < group_rank) info.rank_offset += nproc;
     info.world_size += nproc;
   }
@@ -331,7 +337,7 @@ KeepAliveProblem StoreRendezvous::keep_alive(const RendezvousInfo& info) {
   if (watch_.round != info.round) {
     // While the round runs, no request waits longer than a silent node is given: the store's
     // host vanishing shows as unanswered requests within the same time (join restores it).
-    store_->set_timeout(config_.keep_alive_interval * config_.keep_alive_max_attempt);
+    store_->set_timeout(config_.keep_alive_window());
   }
   watch_.last_beat = now;
   try {
@@ -343,7 +349,7 @@ KeepAliveProblem StoreRendezvous::keep_alive(const RendezvousInfo& info) {
 }
 
 KeepAliveProblem StoreRendezvous::lost_store(const std::string& error) {
-  const auto window = config_.keep_alive_interval * config_.keep_alive_max_attempt;
+  const auto window = config_.keep_alive_window();
   KeepAliveProblem problem;
   problem.store_lost = true;
   problem.what = "the rendezvous store at " + config_.rdzv_host + ":" +
@@ -364,7 +370,7 @@ KeepAliveProblem StoreRendezvous::check_peers(const RendezvousInfo& info) {
     watch_.counts.assign(nodes, -1);
     watch_.moved.assign(nodes, now);
   }
-  const auto window = config_.keep_alive_interval * config_.keep_alive_max_attempt;
+  const auto window = config_.keep_alive_window();
   for (size_t g = 0; g < nodes; ++g) {
     if (static_cast<int>(g) == info.group_rank) continue;
     const int64_t count = store_->add(round_key(info.round, "alive/" + std::to_string(g)), 0);
@@ -374,13 +380,10 @@ KeepAliveProblem StoreRendezvous::check_peers(const RendezvousInfo& info) {
       continue;
     }
     if (now - watch_.moved[g] < window) continue;
-    std::istringstream node(store_->get_string(round_key(info.round, "node/" + std::to_string(g))));
-    int nproc = 0;
-    std::string host;
-    node >> nproc >> host;
     KeepAliveProblem problem;
     problem.what =
-        "node " + std::to_string(g) + " (host " + host + ") sent no keep-alive for " +
+        "node " + std::to_string(g) + " (host " + node_entry(info.round, g).host +
+        ") sent no keep-alive for " +
         seconds_text(std::chrono::duration_cast<milliseconds>(now - watch_.moved[g])) + " (" +
         std::to_string(config_.keep_alive_max_attempt) + " intervals of " +
         seconds_text(config_.keep_alive_interval) +

@@ -27,6 +27,7 @@
 namespace tdist::fsdp {
 namespace {
 
+using testing::max_param_diff;
 using testing::TinyConfig;
 using testing::TinyTransformer;
 
@@ -45,20 +46,6 @@ std::vector<FSDPModule> shard_model(TinyTransformer& model, const FullyShardOpti
   for (auto& block : model->blocks) handles.push_back(fully_shard(block, options));
   handles.push_back(fully_shard(model, options));
   return handles;
-}
-
-// Max |a - b| over the model's full parameters (gathered in the sharded dtype).
-double max_param_diff(TinyTransformer& model, TinyTransformer& ref) {
-  SummonFullParams full(model, SummonFullParamsOptions().writeback(false));
-  auto ref_params = ref->named_parameters();
-  double diff = 0;
-  for (const auto& item : model->named_parameters()) {
-    const auto& expected = ref_params[item.key()];
-    EXPECT_EQ(item.value().sizes(), expected.sizes()) << item.key();
-    if (item.value().sizes() != expected.sizes()) return 1e9;
-    diff = std::max(diff, (item.value() - expected).abs().max().item<double>());
-  }
-  return diff;
 }
 
 // This rank's rows of the global batch: [rank * B, rank * B + B).

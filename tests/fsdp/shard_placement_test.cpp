@@ -9,7 +9,6 @@
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 #include "tdist/fsdp/forward.h"
-#include "tdist/fsdp/full_params.h"
 #include "tdist/fsdp/fully_shard.h"
 #include "tdist/fsdp/state_dict.h"
 #include "tdist/optim/adam.h"
@@ -35,19 +34,6 @@ void shard(TinyTransformer& model, ReshardAfterForward reshard) {
       FullyShardOptions().reshard_after_forward(reshard).shard_placement_fn(last_dim_of_matrices);
   for (auto& block : model->blocks) fully_shard(block, options);
   fully_shard(model, options);
-}
-
-double max_diff_to(TinyTransformer& model, TinyTransformer& ref) {
-  SummonFullParams full(model, SummonFullParamsOptions().writeback(false));
-  auto ref_params = ref->named_parameters();
-  double diff = 0;
-  for (const auto& item : model->named_parameters()) {
-    const at::Tensor& want = ref_params[item.key()];
-    EXPECT_EQ(item.value().sizes(), want.sizes()) << item.key();
-    if (item.value().sizes() != want.sizes()) return 1e9;
-    diff = std::max(diff, (item.value() - want).abs().max().item<double>());
-  }
-  return diff;
 }
 
 TDIST_SCENARIO(fsdp_shard_placement) {
@@ -96,7 +82,7 @@ TDIST_SCENARIO(fsdp_shard_placement) {
     all_reduce(mean);
     EXPECT_NEAR(mean.item<double>() / world, ref_loss.item<double>(), 1e-5) << "step " << step;
   }
-  EXPECT_LE(max_diff_to(model, ref), 1e-5);
+  EXPECT_LE(testing::max_param_diff(model, ref), 1e-5);
 
   // Sharded state dicts carry the slices at their offsets along the last dim; loading one
   // back restores them.
@@ -124,14 +110,14 @@ TDIST_SCENARIO(fsdp_shard_placement) {
     for (auto& p : model->parameters()) p.zero_();
   }
   set_model_state_dict(*model, saved);
-  EXPECT_LE(max_diff_to(model, ref), 1e-5);
+  EXPECT_LE(testing::max_param_diff(model, ref), 1e-5);
   // A full state dict loads into the slices too.
   {
     at::NoGradGuard no_grad;
     for (auto& p : model->parameters()) p.zero_();
   }
   set_model_state_dict(*model, full, StateDictOptions().full_state_dict(true));
-  EXPECT_LE(max_diff_to(model, ref), 1e-5);
+  EXPECT_LE(testing::max_param_diff(model, ref), 1e-5);
 
   // The optimizer's state follows the parameters' slices.
   ShardedStateDict optim = get_optimizer_state_dict(*model, opt);

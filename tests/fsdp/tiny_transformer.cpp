@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tdist/fsdp/forward.h"
+#include "tdist/fsdp/full_params.h"
 
 namespace tdist::fsdp::testing {
 
@@ -84,9 +85,10 @@ std::vector<FSDPModule> tiny_handles(TinyTransformer& model, FSDPModule root) {
   return handles;
 }
 
-double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
-                      TinyTransformer& ref) {
-  for (auto& h : handles) h.unshard();
+namespace {
+
+// The largest |difference| between `model`'s parameters as they are now and `ref`'s.
+double max_diff_as_is(TinyTransformer& model, TinyTransformer& ref) {
   auto ref_params = ref->named_parameters();
   double max_diff = 0;
   for (const auto& item : model->named_parameters()) {
@@ -98,8 +100,22 @@ double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
     }
     max_diff = std::max(max_diff, (item.value() - expected).abs().max().item<double>());
   }
+  return max_diff;
+}
+
+}  // namespace
+
+double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
+                      TinyTransformer& ref) {
+  for (auto& h : handles) h.unshard();
+  const double max_diff = max_diff_as_is(model, ref);
   for (auto& h : handles) h.reshard();
   return max_diff;
+}
+
+double max_param_diff(TinyTransformer& model, TinyTransformer& ref) {
+  SummonFullParams full(model, SummonFullParamsOptions().writeback(false));
+  return max_diff_as_is(model, ref);
 }
 
 int64_t param_numel(const torch::nn::Module& module) {

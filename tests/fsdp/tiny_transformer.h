@@ -71,6 +71,8 @@ std::vector<FSDPModule> tiny_handles(TinyTransformer& model, FSDPModule root);
 /// differs.
 double max_param_diff(TinyTransformer& model, std::vector<FSDPModule>& handles,
                       TinyTransformer& ref);
+/// The same, reading the full parameters through summon_full_params (in the sharded dtype).
+double max_param_diff(TinyTransformer& model, TinyTransformer& ref);
 
 /// Elements of a module's parameters (at rest: this rank's shards when sharded).
 int64_t param_numel(const torch::nn::Module& module);

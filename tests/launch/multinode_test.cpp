@@ -270,32 +270,45 @@ void wait_until_both_run(Proc& a, Proc& b) {
   }
 }
 
-/// Stops `stopped` (SIGSTOP: no socket closed) and returns the seconds until `watcher`'s
-/// stderr holds `named` (or 60 s).
-double seconds_until_named(Proc& stopped, Proc& watcher, const std::string& named) {
+/// One keep-alive trial: both nodes run, then node `stopped_rank`'s launcher is stopped
+/// (SIGSTOP: no socket closed) until the other's stderr holds `named` (or 60 s), then both
+/// end (the stopped one continued once the other has).
+struct KeepAliveTrial {
+  double seconds_to_named = 0;
+  ProcResult watcher, stopped;
+};
+
+KeepAliveTrial run_keep_alive_trial(int stopped_rank, const std::string& named) {
+  const int port = free_tcp_port();
+  Proc a(keep_alive_node(0, port));
+  Proc b(keep_alive_node(1, port));
+  wait_until_both_run(a, b);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Proc& stopped = stopped_rank == 0 ? a : b;
+  Proc& watcher = stopped_rank == 0 ? b : a;
   stopped.kill(SIGSTOP);
   const auto start = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - start < seconds(60) &&
          watcher.err_so_far().find(named) == std::string::npos) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  KeepAliveTrial trial;
+  trial.seconds_to_named =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  trial.watcher = watcher.wait(seconds(30));
+  stopped.kill(SIGCONT);
+  trial.stopped = stopped.wait(seconds(30));
+  return trial;
 }
 
 // A node's launcher stops (its workers left running): node 0 names it and ends the job.
 TEST(TdistrunMultiNode, AStoppedLauncherIsNamedByKeepAlives) {
-  for (int trial = 0; trial < keep_alive_trials(); ++trial) {
-    int port = free_tcp_port();
-    Proc a(keep_alive_node(0, port));
-    Proc b(keep_alive_node(1, port));
-    wait_until_both_run(a, b);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const double took = seconds_until_named(b, a, "sent no keep-alive for");
-    auto ra = a.wait(seconds(30));
-    b.kill(SIGCONT);
-    auto rb = b.wait(seconds(30));
-    std::cout << "keep-alive trial " << trial << ": stopped launcher named after " << took
-              << " s\n";
+  for (int i = 0; i < keep_alive_trials(); ++i) {
+    const KeepAliveTrial trial = run_keep_alive_trial(1, "sent no keep-alive for");
+    std::cout << "keep-alive trial " << i << ": stopped launcher named after "
+              << trial.seconds_to_named << " s\n";
+    const ProcResult& ra = trial.watcher;
+    const ProcResult& rb = trial.stopped;
     EXPECT_FALSE(ra.timed_out) << describe(ra);
     EXPECT_EQ(ra.exit_code, 1) << describe(ra);
     EXPECT_NE(ra.err.find("node 1 (host "), std::string::npos) << ra.err;
@@ -308,18 +321,12 @@ TEST(TdistrunMultiNode, AStoppedLauncherIsNamedByKeepAlives) {
 
 // The launcher hosting the rendezvous store stops: the other node names the store.
 TEST(TdistrunMultiNode, AStoppedStoreHostIsNamedByKeepAlives) {
-  for (int trial = 0; trial < keep_alive_trials(); ++trial) {
-    int port = free_tcp_port();
-    Proc a(keep_alive_node(0, port));
-    Proc b(keep_alive_node(1, port));
-    wait_until_both_run(a, b);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const double took = seconds_until_named(a, b, "the rendezvous store at 127.0.0.1:");
-    auto rb = b.wait(seconds(30));
-    a.kill(SIGCONT);
-    auto ra = a.wait(seconds(30));
-    std::cout << "keep-alive trial " << trial << ": stopped store host named after " << took
-              << " s\n";
+  for (int i = 0; i < keep_alive_trials(); ++i) {
+    const KeepAliveTrial trial = run_keep_alive_trial(0, "the rendezvous store at 127.0.0.1:");
+    std::cout << "keep-alive trial " << i << ": stopped store host named after "
+              << trial.seconds_to_named << " s\n";
+    const ProcResult& rb = trial.watcher;
+    const ProcResult& ra = trial.stopped;
     EXPECT_FALSE(rb.timed_out) << describe(rb);
     EXPECT_EQ(rb.exit_code, 1) << describe(rb);
     EXPECT_NE(rb.err.find("did not answer within"), std::string::npos) << rb.err;

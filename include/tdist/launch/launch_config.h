@@ -94,6 +94,10 @@ struct LaunchConfig {
 
   RendezvousMode rendezvous_mode() const;
   bool is_elastic() const { return min_nodes != max_nodes; }
+  /// How long a node or the store may stay silent (Note [Agent keep-alives]).
+  std::chrono::milliseconds keep_alive_window() const {
+    return keep_alive_interval * keep_alive_max_attempt;
+  }
 };
 
 /// Result of parsing the command line: a config to run, or an exit code with the text to

@@ -194,6 +194,12 @@ class StoreRendezvous : public Rendezvous {
   /// Throws when `round` was the job's last: nobody will open another one.
   void check_job_goes_on(int round);
   RendezvousInfo round_info(int round, int group_rank);
+  /// r<R>/node/<g>: what a node said of itself when it joined.
+  struct NodeEntry {
+    int nproc = 0;
+    std::string host;
+  };
+  NodeEntry node_entry(int round, int group_rank);
   void wait_for(const std::vector<std::string>& keys, const std::string& what);
 
   StorePtr store_;
