@@ -3,7 +3,8 @@
 // sharded state, ranks as threads agreeing through one HashStore. The first async save
 // allocates its staging memory; later ones copy into the same buffers ("steady"). Every
 // state is changed right after save() returns, and every async checkpoint is loaded back
-// and compared bitwise with the state as it was (#wrong).
+// and compared bitwise with the state as it was (#wrong). Beside them, each rank copy_'s its
+// state into buffers of its own: the staging copy before Note [Streaming staging copies].
 //   bench_async_save [--mib 256] [--tensors 16] [--world 2] [--rounds 5] [--fsync 1]
 //                    [--dir <parent of the checkpoints>]
 
@@ -104,7 +105,10 @@ int main(int argc, char** argv) {
   for (int r = 0; r < a.world; ++r) {
     checkpointers.push_back(std::make_unique<ckpt::AsyncCheckpointer>());
   }
-  std::vector<double> sync_s, stall_s, async_total_s;
+  std::vector<double> sync_s, stall_s, async_total_s, plain_copy_s;
+  // The reference beside the stall: each rank copy_'s its state into buffers of its own, as
+  // staging did before Note [Streaming staging copies].
+  std::vector<std::vector<at::Tensor>> plain_buffers(a.world);
   int64_t wrong = 0;
   for (int round = 0; round < a.rounds; ++round) {
     const std::string base = (fs::path(a.dir) / "bench_async_save").string();
@@ -132,6 +136,23 @@ int main(int argc, char** argv) {
     async_total_s.push_back(seconds_since(t_async));
     stall_s.push_back(*std::max_element(stalls.begin(), stalls.end()));
     wrong += wrong_tensors(base + "/async", full);
+
+    std::vector<double> copies(a.world);
+    std::vector<int64_t> copies_wrong(a.world);
+    bench::on_ranks(a.world, [&](int rank, ckpt::CoordinatorPtr) {
+      auto& buffers = plain_buffers[rank];
+      if (buffers.empty()) {
+        for (auto& [name, st] : states[rank]) buffers.push_back(at::empty_like(st.local));
+      }
+      const auto t0 = Clock::now();
+      size_t i = 0;
+      for (auto& [name, st] : states[rank]) buffers[i++].copy_(st.local);
+      copies[rank] = seconds_since(t0);
+      i = 0;
+      for (auto& [name, st] : states[rank]) copies_wrong[rank] += !buffers[i++].equal(st.local);
+    });
+    for (const int64_t w : copies_wrong) wrong += w;
+    plain_copy_s.push_back(*std::max_element(copies.begin(), copies.end()));
     fs::remove_all(base);
   }
 
@@ -144,6 +165,9 @@ int main(int argc, char** argv) {
   std::printf("%-28s %10.1f %10.3f\n", "async stall, steady (median)", steady * 1e3, steady / sync);
   std::printf("%-28s %10.1f %10.3f\n", "async save to commit (median)", median(async_total_s) * 1e3,
               median(async_total_s) / sync);
-  std::printf("#stall_over_sync %.4f\n#wrong %lld\n", steady / sync, (long long)wrong);
+  const double plain = median(std::vector<double>(plain_copy_s.begin() + 1, plain_copy_s.end()));
+  std::printf("%-28s %10.1f %10.3f\n", "copy_ of the state (median)", plain * 1e3, plain / sync);
+  std::printf("#stall_over_sync %.4f\n#stall_over_copy_ %.3f\n#wrong %lld\n", steady / sync,
+              steady / plain, (long long)wrong);
   return wrong == 0 ? 0 : 1;
 }

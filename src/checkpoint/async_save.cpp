@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "checkpoint/save.h"
+#include "checkpoint/streaming_copy.h"
 #include "tdist/comm/distributed.h"
 #include "tdist/error.h"
 
@@ -129,7 +130,7 @@ ShardedStateDict AsyncCheckpointer::stage(const ShardedStateDict& state) {
         buffer.scalar_type() != src.scalar_type() || (src.is_cuda() && !buffer.is_pinned())) {
       buffer = staging_buffer_like(src);
     }
-    buffer.copy_(src);
+    detail::streaming_copy_(buffer, src);  // Note [Streaming staging copies]
     buffers[name] = buffer;
     staged[name] = ShardedTensor{buffer, st.global_shape, st.offsets};
   }
