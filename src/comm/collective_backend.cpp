@@ -12,6 +12,11 @@ void CollectiveBackend::throw_unsupported(const std::string& op) const {
                                     "README) or register one with Backend::register_backend");
 }
 
+bool CollectiveBackend::abort(const std::string& reason) {
+  mark_broken(reason);
+  return false;
+}
+
 void CollectiveBackend::mark_broken(const std::string& reason) {
   std::lock_guard<std::mutex> lock(broken_mutex_);
   if (broken_reason_.empty()) broken_reason_ = reason;

@@ -69,6 +69,9 @@ CommEnvironment CommEnvironment::from_env() {
                                        "': expected a count from 2 to 1000000");
     env.heartbeat_misses = static_cast<int>(*n);
   }
+  if (auto ms = util::env_integer("TDIST_HEARTBEAT_GRACE_MS", 0, "a number of milliseconds >= 0")) {
+    env.heartbeat_grace = std::chrono::milliseconds(*ms);
+  }
   return env;
 }
 

@@ -29,6 +29,9 @@ struct CommEnvironment {
   std::chrono::milliseconds heartbeat_interval{0};
   /// TDIST_HEARTBEAT_MISSES: missed intervals (at least 2) that make a rank lost.
   int heartbeat_misses = 5;
+  /// TDIST_HEARTBEAT_GRACE_MS: how long a rank may go on after a loss interrupted its
+  /// collectives before it is ended; negative (unset): the silence, interval x misses.
+  std::chrono::milliseconds heartbeat_grace{-1};
 
   /// Raises InvalidArgument naming the variable and its value when one cannot be parsed.
   static CommEnvironment from_env();

@@ -16,6 +16,7 @@
 #include "comm/comm_environment.h"
 #include "comm/heartbeat.h"
 #include "comm/host_staged_backend.h"
+#include "comm/live_backends.h"
 #include "comm/rendezvous.h"
 #include "comm/state.h"
 #include "tdist/comm/launch_environment.h"
@@ -66,6 +67,7 @@ std::unique_ptr<HeartbeatMonitor> start_heartbeat(const WorldState& state,
   HeartbeatOptions options;
   options.interval = env.heartbeat_interval;
   options.misses = env.heartbeat_misses;
+  options.grace = env.heartbeat_grace;
   TCPStoreOptions connection;
   connection.port(tcp->port())
       .wait_for_workers(false)
@@ -79,7 +81,7 @@ std::unique_ptr<HeartbeatMonitor> start_heartbeat(const WorldState& state,
   }
   return std::make_unique<HeartbeatMonitor>(std::make_shared<TCPStore>(tcp->host(), connection),
                                             store_prefix(state), rank, world_size, options,
-                                            &HeartbeatMonitor::end_process);
+                                            &abort_live_backends);
 }
 
 /// Keeps rank 0 (which may host the TCP store) alive until every rank is done with the
@@ -92,6 +94,9 @@ void exit_barrier(WorldState& state) {
     state.store->add(key, 1);
     if (state.world->rank() != 0) return;
     auto limit = std::min(state.world->timeout(), std::chrono::milliseconds(30000));
+    // After a loss (Note [Aborting on a lost peer]) the lost ranks never arrive: wait only
+    // for the survivors that are destroying their groups too.
+    if (live_backends_aborted()) limit = std::min(limit, std::chrono::milliseconds(2000));
     auto deadline = std::chrono::steady_clock::now() + limit;
     while (state.store->add(key, 0) < state.world->size() &&
            std::chrono::steady_clock::now() < deadline) {
@@ -128,6 +133,7 @@ void create_backends(ProcessGroup& pg, const std::map<std::string, std::string>&
       }
       it = made.emplace(name, std::move(backend)).first;
     }
+    track_live_backend(it->second);  // Note [Aborting on a lost peer]
     CollectiveBackendPtr backend = it->second;
     // Note [Staging device tensors through the host].
     const c10::DeviceType type = c10::Device(device).type();

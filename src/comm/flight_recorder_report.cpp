@@ -22,6 +22,8 @@
 
 #include "comm/comm_environment.h"
 #include "comm/flight_recorder_hooks.h"
+#include "comm/live_backends.h"
+#include "tdist/detail/util/best_effort.h"
 #include "tdist/detail/util/text.h"
 #include "tdist/error.h"
 
@@ -140,12 +142,27 @@ json progress_of(const GroupRef& pg, bool timed_out) {
   return p;
 }
 
+/// Note [Best-effort store calls]: a store whose host stopped would hold the failure up.
+constexpr auto kPublishBudget = std::chrono::seconds(1);
+
 void publish(const GroupRef& pg, const json& progress) {
-  try {
-    pg.store()->set(kKeyPrefix + std::to_string(pg.rank()), progress.dump());
-  } catch (const std::exception& e) {
+  // The call's error text, empty when it succeeded.
+  const std::optional<std::string> outcome = best_effort<std::string>(
+      [store = pg.store(), key = kKeyPrefix + std::to_string(pg.rank()), value = progress.dump()] {
+        try {
+          store->set(key, value);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      },
+      kPublishBudget);
+  if (!outcome || !outcome->empty()) {
     std::cerr << "tdist flight recorder: rank " << pg.global_rank(pg.rank())
-              << " could not publish its progress on group '" << pg.name() << "': " << e.what()
+              << " could not publish its progress on group '" << pg.name() << "': "
+              << (outcome ? *outcome
+                          : "the store did not answer within " +
+                                std::to_string(kPublishBudget.count()) + " s")
               << "\n";
   }
 }
@@ -283,6 +300,8 @@ std::string handle_failure(uint64_t id, const GroupRef& pg, const std::exception
   flight_record_finish(id, timed_out ? CollectiveState::kTimedOut : CollectiveState::kFailed,
                        message_of(error));
   if (id == 0 || !pg.is_member()) return "";  // recording is off
+  // Note [Aborting on a lost peer]: the loss is the report, and the store may be its host.
+  if (live_backends_aborted()) return "";
   const std::string key = incident_key(pg);
   const auto wait = report_wait(pg);
   auto& all = incidents();

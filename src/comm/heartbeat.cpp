@@ -68,6 +68,26 @@ void HeartbeatMonitor::end_process(const std::string& message) {
   std::_Exit(kHeartbeatLostExitCode);
 }
 
+void HeartbeatMonitor::handle_loss(const std::string& message) {
+  const auto grace = options_.effective_grace();
+  std::cerr << "tdist: error: " << message
+            << "; interrupting this rank's collectives, which raise this error; the process "
+               "ends in "
+            << seconds_text(grace)
+            << " unless it calls destroy_process_group first (TDIST_HEARTBEAT_GRACE_MS)"
+            << std::endl;
+  if (!on_lost_(message)) {
+    end_process(message +
+                " (a backend of this rank cannot interrupt an operation waiting on "
+                "it, so the error cannot be raised)");
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop_cv_.wait_for(lock, grace, [this] { return stopping_; })) return;
+  lock.unlock();
+  end_process(message + "; this process was still running " + seconds_text(grace) +
+              " after its collectives were interrupted (TDIST_HEARTBEAT_GRACE_MS)");
+}
+
 std::string HeartbeatMonitor::key(const std::string& what) const {
   return prefix_ + "heartbeat/" + what;
 }
@@ -84,13 +104,17 @@ void HeartbeatMonitor::run() {
       lock.lock();
       if (stopping_) return;
       lock.unlock();
-      on_lost_("rank 0, which hosts the store, stopped answering for " +
-               seconds_text(options_.silence()) + " (" + std::to_string(options_.misses) +
-               " heartbeat intervals of " + std::to_string(options_.interval.count()) +
-               " ms): its node or process vanished");
+      handle_loss("rank 0, which hosts the store, stopped answering for " +
+                  seconds_text(options_.silence()) + " (" + std::to_string(options_.misses) +
+                  " heartbeat intervals of " + std::to_string(options_.interval.count()) +
+                  " ms): its node or process vanished; noticed by rank " + std::to_string(rank_));
       return;
     } catch (const std::exception&) {
       return;  // the store's process ended (connection refused or reset): its exit is reported
+    }
+    if (outcome == Outcome::kLost) {
+      handle_loss(lost_message_);
+      return;
     }
     lock.lock();
     if (outcome == Outcome::kStop) return;
@@ -122,8 +146,8 @@ HeartbeatMonitor::Outcome HeartbeatMonitor::beat_and_watch() {
   const std::string lost_key = key("lost");
   if (store_->check({lost_key})) {
     const auto value = store_->get(lost_key);
-    on_lost_(std::string(value.begin(), value.end()));
-    return Outcome::kStop;
+    lost_message_.assign(value.begin(), value.end());
+    return Outcome::kLost;
   }
   const auto now = std::chrono::steady_clock::now();
   while (watched_ != rank_) {
@@ -139,8 +163,8 @@ HeartbeatMonitor::Outcome HeartbeatMonitor::beat_and_watch() {
       const std::string message = describe(watched_, silent);
       store_->compare_set(lost_key, {}, bytes(message));
       const auto value = store_->get(lost_key);  // the first declaration wins everywhere
-      on_lost_(std::string(value.begin(), value.end()));
-      return Outcome::kStop;
+      lost_message_.assign(value.begin(), value.end());
+      return Outcome::kLost;
     }
     // It finished: watch the next one (its counter is read on the next pass of this loop).
     watched_ = (watched_ + 1) % world_size_;

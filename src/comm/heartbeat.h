@@ -20,10 +20,17 @@
 // stops quietly. A rank that finishes (destroy_process_group, or process exit) marks
 // heartbeat/done/<rank> first, so its silence afterwards is not a loss.
 //
-// On a loss every surviving rank prints the message and ends its process with exit code
-// kHeartbeatLostExitCode: a collective blocked on the lost peer cannot be interrupted from
-// another thread by every backend, and a launcher (tdistrun --max-restarts, torchrun, srun)
-// restarts the job from its newest checkpoint either way.
+// On a loss every surviving rank prints the message and aborts its process groups (Note
+// [Aborting on a lost peer] in live_backends.h): the collective it waits in, and every later
+// one, raises DistBackendError naming the lost rank and its host. The program may catch it
+// (to save what it can, or to go on without the group after destroy_process_group) or let it
+// end the process; a launcher (tdistrun --max-restarts, torchrun, srun) restarts the job
+// from its newest checkpoint either way. A rank still running the grace
+// (TDIST_HEARTBEAT_GRACE_MS, by default the silence) after the abort without having called
+// destroy_process_group is stuck where no abort reaches (a long computation, a store wait)
+// or ignores the error: it ends with exit code kHeartbeatLostExitCode, as it does at once
+// when one of its backends cannot interrupt a waiting operation. Nothing waits longer than
+// the silence and the grace for a lost peer.
 
 #include <atomic>
 #include <chrono>
@@ -43,14 +50,21 @@ constexpr int kHeartbeatLostExitCode = 75;
 struct HeartbeatOptions {
   std::chrono::milliseconds interval{1000};
   int misses = 5;
+  /// How long the process may go on after its groups were aborted; negative: silence().
+  std::chrono::milliseconds grace{-1};
   /// How long a peer may be silent before it is lost.
   std::chrono::milliseconds silence() const { return interval * misses; }
+  std::chrono::milliseconds effective_grace() const {
+    return grace.count() >= 0 ? grace : silence();
+  }
 };
 
 class HeartbeatMonitor {
  public:
-  /// Called once, on the monitor's thread, with the message naming the lost peer.
-  using LostHandler = std::function<void(const std::string& message)>;
+  /// Called once, on the monitor's thread, with the message naming the lost peer. Returns
+  /// whether the loss reaches the program as an error (every backend was aborted); false
+  /// ends the process at once.
+  using LostHandler = std::function<bool(const std::string& message)>;
 
   /// `store`: a connection of the monitor's own whose timeout is options.silence().
   /// `prefix`: this initialisation's key prefix.
@@ -65,8 +79,10 @@ class HeartbeatMonitor {
   static void end_process(const std::string& message);
 
  private:
-  enum class Outcome { kGoOn, kStop };
+  enum class Outcome { kGoOn, kStop, kLost };
   void run();
+  /// on_lost_, then the grace: ends the process unless the monitor is stopped before.
+  void handle_loss(const std::string& message);
   Outcome beat_and_watch();
   bool peer_finished(int peer);
   std::string describe(int peer, std::chrono::milliseconds silent);
@@ -81,6 +97,7 @@ class HeartbeatMonitor {
 
   int watched_;  // the peer this rank watches; == rank_ when none is left
   int64_t last_count_ = -1;
+  std::string lost_message_;  // set with Outcome::kLost
   std::chrono::steady_clock::time_point last_change_;
 
   std::mutex mutex_;

@@ -6,14 +6,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <functional>
-#include <future>
 #include <memory>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "gloo/gloo_comm.h"
 #include "gloo/work_queue.h"
+#include "tdist/detail/util/best_effort.h"
 #include "tdist/error.h"
 
 namespace tdist::gloo {
@@ -56,27 +55,12 @@ Severity severity_of(std::exception_ptr error) {
   }
 }
 
-// Note [Best-effort store calls]: recording and reading the group's first failure must not
-// hold up the failure they describe. When the rank that hosted the store is the one that
-// died, a TCPStore client retries its connection for the store's whole timeout (minutes):
-// so the call runs on a thread of its own, and the failure path waits for it at most
-// kStoreCallBudget, then goes on without it (the thread ends with its own timeout).
+// Note [Best-effort store calls] in tdist/detail/util/best_effort.h.
 constexpr auto kStoreCallBudget = std::chrono::seconds(2);
 
 template <typename T>
 std::optional<T> best_effort(std::function<T()> call) {
-  auto result = std::make_shared<std::promise<std::optional<T>>>();
-  std::future<std::optional<T>> answer = result->get_future();
-  std::thread([call = std::move(call), result] {
-    std::optional<T> value;
-    try {
-      value = call();
-    } catch (...) {
-    }
-    result->set_value(std::move(value));
-  }).detach();
-  if (answer.wait_for(kStoreCallBudget) != std::future_status::ready) return std::nullopt;
-  return answer.get();
+  return detail::best_effort<T>(std::move(call), kStoreCallBudget);
 }
 
 }  // namespace
@@ -140,6 +124,17 @@ std::chrono::milliseconds GlooBackend::effective_timeout(const CollectiveOptions
   return opts.timeout.count() > 0 ? opts.timeout : timeout_;
 }
 
+bool GlooBackend::abort(const std::string& reason) {
+  mark_broken(reason);
+  std::shared_ptr<detail::GlooComm> comm;
+  {
+    std::lock_guard<std::mutex> lock(connect_mutex_);
+    comm = comm_;
+  }
+  if (comm) comm->close();
+  return true;
+}
+
 void GlooBackend::fail(const std::string& reason) {
   mark_broken(reason);
   // Record the first failure in the group so that ranks that only see the cascade (a closed
@@ -165,7 +160,15 @@ WorkPtr GlooBackend::enqueue(Lane lane, const std::string& op, std::vector<at::T
     check_not_broken(op);
     try {
       body();
-    } catch (const NetworkError&) {
+    } catch (const std::exception& e) {
+      // Aborted, or broken by another lane's failure, while it waited: that is the cause,
+      // not the closed connection it saw (Note [Aborting on a lost peer]).
+      if (is_broken()) {
+        TDIST_THROW(DistBackendError, "rank " + std::to_string(rank_) + ": gloo " + op +
+                                          " was interrupted: the process group is broken (" +
+                                          broken_reason() + ")");
+      }
+      if (dynamic_cast<const NetworkError*>(&e) == nullptr) throw;
       // Name the first failure in the group when this rank only saw its cascade.
       const std::string first =
           best_effort<std::string>([store = store_] {

@@ -109,6 +109,13 @@ class CollectiveBackend {
                                       std::chrono::milliseconds timeout,
                                       const std::any& pg_options);
 
+  /// Makes every operation of this backend that is waiting now, and every later one, fail
+  /// with DistBackendError naming `reason` (c10d's ProcessGroup::abort): what a rank does
+  /// when it learns that a peer is gone (Note [Aborting on a lost peer]). Returns false when
+  /// this backend cannot interrupt an operation already waiting; it is then only marked
+  /// broken, which is the default.
+  virtual bool abort(const std::string& reason);
+
   /// Marks the backend unusable after a fatal error (dead peer, timeout): every later call
   /// fails at once with `reason` instead of computing on corrupt state.
   void mark_broken(const std::string& reason);

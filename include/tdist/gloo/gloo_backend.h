@@ -108,6 +108,9 @@ class GlooBackend : public CollectiveBackend {
   WorkPtr send(const at::Tensor& tensor, int dst, const SendRecvOptions& opts) override;
   WorkPtr recv(at::Tensor& tensor, int src, const SendRecvOptions& opts) override;
   WorkPtr recv_anysource(at::Tensor& tensor, const SendRecvOptions& opts) override;
+  /// Closes the connections, so that every wait on a peer (TCP or shared memory) fails within
+  /// the dead-peer probe's 100 ms, and raises `reason` from those operations and later ones.
+  bool abort(const std::string& reason) override;
 
  private:
   /// recv's body; src -1 receives from whichever peer sends first.
