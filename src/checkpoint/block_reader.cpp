@@ -77,6 +77,20 @@ at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t si
   return buffer.narrow(0, offset - begin, size);
 }
 
+at::Tensor BlockReader::read_transient(const std::string& file, int64_t offset, int64_t size) {
+  const InputFile& in = open(file);
+  if (files_.at(file).block_bytes > 0 && verify_) return read(file, offset, size);
+  if (offset < 0 || size < 0 || offset + size > in.size()) {
+    TDIST_THROW(CheckpointError, "checkpoint: metadata points at bytes outside '" + in.path() +
+                                     "'; the metadata is corrupt");
+  }
+  if (!transient_.defined() || transient_.numel() < size) transient_ = at::empty({size}, at::kByte);
+  at::Tensor out = transient_.narrow(0, 0, size);
+  in.read_at(offset, out.data_ptr(), size);
+  bytes_read_ += size;
+  return out;
+}
+
 void BlockReader::verify_whole(const std::string& file) {
   const InputFile& in = open(file);
   const int64_t step = std::max<int64_t>(files_.at(file).block_bytes, 1) * 64;

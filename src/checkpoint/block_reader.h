@@ -21,6 +21,10 @@ class BlockReader {
   /// The bytes [offset, offset + size) of `file`, as a uint8 tensor whose data is 64-byte
   /// aligned when offset is. Throws CheckpointError naming the file on any mismatch.
   at::Tensor read(const std::string& file, int64_t offset, int64_t size);
+  /// read() of a file without checksums (DCP's) into a buffer the reader reuses: valid until
+  /// the next read_transient, so that a chunk consumed at once costs no fresh memory (page
+  /// faults) each time.
+  at::Tensor read_transient(const std::string& file, int64_t offset, int64_t size);
   /// Throws unless the file exists with its recorded size.
   void check_size(const std::string& file);
   /// Reads and verifies every block.
@@ -36,6 +40,7 @@ class BlockReader {
   bool verify_;
   std::map<std::string, std::unique_ptr<InputFile>> open_;
   int64_t bytes_read_ = 0;
+  at::Tensor transient_;  // grow-only, for read_transient
 };
 
 }  // namespace tdist::checkpoint::detail

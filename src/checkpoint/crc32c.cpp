@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #include <nmmintrin.h>
 #include <smmintrin.h>
 #include <wmmintrin.h>
@@ -89,31 +90,27 @@ __attribute__((target("sse4.1,pclmul"))) inline __m128i fold16(__m128i x, __m128
                        _mm_clmulepi64_si128(x, k, 0x00));
 }
 
-// Zip's CRC-32 by carry-less multiplication: four 128-bit lanes folded 64 bytes at a time,
-// then to 128 and 64 bits, then a Barrett reduction (Intel's "Fast CRC Computation for
-// Generic Polynomials Using PCLMULQDQ", with the bit-reflected constants for 0xEDB88320).
-// `len` >= 64 and a multiple of 16; `crc` and the result are not inverted.
-__attribute__((target("sse4.1,pclmul"))) uint32_t zip_crc32_fold(const uint8_t* buf, size_t len,
-                                                                 uint32_t crc) {
-  alignas(16) static const uint64_t k1k2[] = {0x0154442bd4, 0x01c6e41596};
-  alignas(16) static const uint64_t k3k4[] = {0x01751997d0, 0x00ccaa009e};
+// Zip's CRC-32 by carry-less multiplication (Intel's "Fast CRC Computation for Generic
+// Polynomials Using PCLMULQDQ", with the bit-reflected constants for 0xEDB88320): lanes of 128
+// bits are folded forward by D bits with the pair {x^(D+32), x^(D-32)} mod P (reflected,
+// shifted left by one), then to 128 and 64 bits, then a Barrett reduction.
+alignas(16) const uint64_t kFold128[] = {0x01751997d0, 0x00ccaa009e};
+alignas(16) const uint64_t kFold256[] = {0x00f1da05aa, 0x015a546366};
+alignas(16) const uint64_t kFold384[] = {0x003db1ecdc, 0x0174359406};
+alignas(16) const uint64_t kFold512[] = {0x0154442bd4, 0x01c6e41596};
+alignas(16) const uint64_t kFold2048[] = {0x011542778a, 0x01322d1430};
+
+/// `x` (the fold of everything before `buf`) folded over the 16-byte blocks of `buf` (`len` a
+/// multiple of 16), then reduced to the 32-bit CRC, not inverted.
+__attribute__((target("sse4.1,pclmul"))) uint32_t finish_fold(__m128i x1, const uint8_t* buf,
+                                                              size_t len) {
   alignas(16) static const uint64_t k5k0[] = {0x0163cd6124, 0x0000000000};
   alignas(16) static const uint64_t poly[] = {0x01db710641, 0x01f7011641};
-  __m128i x1 = _mm_xor_si128(load16(buf), _mm_cvtsi32_si128(static_cast<int>(crc)));
-  __m128i x2 = load16(buf + 16), x3 = load16(buf + 32), x4 = load16(buf + 48);
-  __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(k1k2));
-  for (buf += 64, len -= 64; len >= 64; buf += 64, len -= 64) {
-    x1 = fold16(x1, k, load16(buf));
-    x2 = fold16(x2, k, load16(buf + 16));
-    x3 = fold16(x3, k, load16(buf + 32));
-    x4 = fold16(x4, k, load16(buf + 48));
-  }
-  k = _mm_load_si128(reinterpret_cast<const __m128i*>(k3k4));
-  x1 = fold16(fold16(fold16(x1, k, x2), k, x3), k, x4);
+  __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(kFold128));
   for (; len >= 16; buf += 16, len -= 16) x1 = fold16(x1, k, load16(buf));
   // 128 -> 64 bits.
   const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-  x2 = _mm_clmulepi64_si128(x1, k, 0x10);
+  __m128i x2 = _mm_clmulepi64_si128(x1, k, 0x10);
   x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
   k = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(k5k0));
   x2 = _mm_srli_si128(x1, 4);
@@ -123,6 +120,71 @@ __attribute__((target("sse4.1,pclmul"))) uint32_t zip_crc32_fold(const uint8_t* 
   x2 = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, low32), k, 0x10), low32);
   x1 = _mm_xor_si128(x1, _mm_clmulepi64_si128(x2, k, 0x00));
   return static_cast<uint32_t>(_mm_extract_epi32(x1, 1));
+}
+
+/// Four 128-bit lanes, 64 bytes a step. `len` >= 64 and a multiple of 16; `crc` and the
+/// result are not inverted.
+__attribute__((target("sse4.1,pclmul"))) uint32_t zip_crc32_fold(const uint8_t* buf, size_t len,
+                                                                 uint32_t crc) {
+  __m128i x1 = _mm_xor_si128(load16(buf), _mm_cvtsi32_si128(static_cast<int>(crc)));
+  __m128i x2 = load16(buf + 16), x3 = load16(buf + 32), x4 = load16(buf + 48);
+  __m128i k = _mm_load_si128(reinterpret_cast<const __m128i*>(kFold512));
+  for (buf += 64, len -= 64; len >= 64; buf += 64, len -= 64) {
+    x1 = fold16(x1, k, load16(buf));
+    x2 = fold16(x2, k, load16(buf + 16));
+    x3 = fold16(x3, k, load16(buf + 32));
+    x4 = fold16(x4, k, load16(buf + 48));
+  }
+  k = _mm_load_si128(reinterpret_cast<const __m128i*>(kFold128));
+  x1 = fold16(fold16(fold16(x1, k, x2), k, x3), k, x4);
+  return finish_fold(x1, buf, len);
+}
+
+#define TDIST_VPCLMUL_TARGET __attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.1")))
+
+TDIST_VPCLMUL_TARGET inline __m512i broadcast_pair(const uint64_t* pair) {
+  return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(pair)));
+}
+
+/// Every 128-bit lane of x folded by k onto the lane of `next` at the same place.
+TDIST_VPCLMUL_TARGET inline __m512i fold64(__m512i x, __m512i k, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00),
+                                   _mm512_clmulepi64_epi128(x, k, 0x11), next, 0x96);
+}
+
+/// Sixteen 128-bit lanes in four 512-bit registers, 256 bytes a step (VPCLMULQDQ). `len`
+/// >= 256 and a multiple of 16; `crc` and the result are not inverted.
+TDIST_VPCLMUL_TARGET uint32_t zip_crc32_fold_avx512(const uint8_t* buf, size_t len, uint32_t crc) {
+  __m512i z0 = _mm512_xor_si512(_mm512_loadu_si512(buf),
+                                _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  __m512i z1 = _mm512_loadu_si512(buf + 64), z2 = _mm512_loadu_si512(buf + 128),
+          z3 = _mm512_loadu_si512(buf + 192);
+  const __m512i k2048 = broadcast_pair(kFold2048);
+  for (buf += 256, len -= 256; len >= 256; buf += 256, len -= 256) {
+    z0 = fold64(z0, k2048, _mm512_loadu_si512(buf));
+    z1 = fold64(z1, k2048, _mm512_loadu_si512(buf + 64));
+    z2 = fold64(z2, k2048, _mm512_loadu_si512(buf + 128));
+    z3 = fold64(z3, k2048, _mm512_loadu_si512(buf + 192));
+  }
+  const __m512i k512 = broadcast_pair(kFold512);
+  z0 = fold64(fold64(fold64(z0, k512, z1), k512, z2), k512, z3);
+  for (; len >= 64; buf += 64, len -= 64) z0 = fold64(z0, k512, _mm512_loadu_si512(buf));
+  // The four lanes onto the last: by 384, 256 and 128 bits.
+  const __m128i lane3 = _mm512_extracti32x4_epi32(z0, 3);
+  __m128i x = fold16(_mm512_extracti32x4_epi32(z0, 0),
+                     _mm_load_si128(reinterpret_cast<const __m128i*>(kFold384)), lane3);
+  x = fold16(_mm512_extracti32x4_epi32(z0, 1),
+             _mm_load_si128(reinterpret_cast<const __m128i*>(kFold256)), x);
+  x = fold16(_mm512_extracti32x4_epi32(z0, 2),
+             _mm_load_si128(reinterpret_cast<const __m128i*>(kFold128)), x);
+  return finish_fold(x, buf, len);
+}
+#undef TDIST_VPCLMUL_TARGET
+
+bool has_vpclmul() {
+  __builtin_cpu_init();
+  return has_pclmul() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("vpclmulqdq");
 }
 #endif
 
@@ -137,14 +199,29 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t size) {
   return crc32c_software(crc, p, size);
 }
 
+std::vector<ZipCrcKind> available_zip_crc_kinds() {
+  std::vector<ZipCrcKind> kinds = {ZipCrcKind::kTables};
+#if defined(__x86_64__)
+  if (has_pclmul()) kinds.push_back(ZipCrcKind::kPclmul);
+  if (has_vpclmul()) kinds.push_back(ZipCrcKind::kVpclmul);
+#endif
+  return kinds;
+}
+
 uint32_t zip_crc32(uint32_t crc, const void* data, size_t size) {
+  static const ZipCrcKind best = available_zip_crc_kinds().back();
+  return zip_crc32(crc, data, size, best);
+}
+
+uint32_t zip_crc32(uint32_t crc, const void* data, size_t size, ZipCrcKind kind) {
   static const Tables t = make_tables(kZipPolynomial);
   const auto* p = static_cast<const uint8_t*>(data);
 #if defined(__x86_64__)
-  static const bool hw = has_pclmul();
-  if (hw && size >= 64) {
+  if ((kind == ZipCrcKind::kVpclmul && size >= 256) ||
+      (kind != ZipCrcKind::kTables && size >= 64)) {
     const size_t folded = size & ~size_t(15);
-    crc = ~zip_crc32_fold(p, folded, ~crc);
+    crc = kind == ZipCrcKind::kVpclmul && size >= 256 ? ~zip_crc32_fold_avx512(p, folded, ~crc)
+                                                      : ~zip_crc32_fold(p, folded, ~crc);
     p += folded;
     size -= folded;
   }

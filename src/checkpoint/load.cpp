@@ -50,11 +50,12 @@ at::Tensor read_raw(const std::string& name, const TensorInfo& info, const Chunk
 /// A DCP chunk is one torch.save of the chunk: decoded whole, then narrowed to `common`.
 at::Tensor read_torch_saved(const std::string& name, const ChunkInfo& chunk, const Box& saved,
                             const Box& common, detail::BlockReader& reader) {
-  const at::Tensor bytes = reader.read(chunk.file, chunk.byte_offset, chunk.byte_length);
+  // Consumed (copied into the target) before the next chunk is read.
+  const at::Tensor bytes = reader.read_transient(chunk.file, chunk.byte_offset, chunk.byte_length);
   const std::string where = "the chunk of '" + name + "' at offsets " + json(chunk.offsets).dump() +
                             " in '" + chunk.file + "'";
   if (reader.verifies()) detail::check_zip_crcs(bytes.data_ptr(), bytes.numel(), where);
-  const c10::IValue value = detail::torch_load_bytes(bytes.data_ptr(), bytes.numel(), where);
+  const c10::IValue value = detail::torch_load_in_place(bytes.contiguous(), where);
   if (!value.isTensor() || value.toTensor().sizes().vec() != saved.sizes) {
     TDIST_THROW(CheckpointError, "checkpoint: " + where + " does not hold a tensor of sizes " +
                                      json(saved.sizes).dump() + "; the checkpoint is corrupt");

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
 namespace tdist::checkpoint::detail {
@@ -19,5 +20,9 @@ void torch_save_to(const c10::IValue& value, const std::function<void(const void
 
 /// What torch.load returns for torch.save's bytes; `where` names them in errors.
 c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where);
+
+/// torch_load_bytes of the byte tensor `bytes` (1-D, CPU), whose tensors' storages are views
+/// of `bytes` instead of copies (Note [Loading in place]).
+c10::IValue torch_load_in_place(const at::Tensor& bytes, const std::string& where);
 
 }  // namespace tdist::checkpoint::detail

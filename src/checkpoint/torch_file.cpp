@@ -10,6 +10,8 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/storage_context.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/serialize.h>
 
 #include "checkpoint/file_io.h"
@@ -100,6 +102,57 @@ c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& w
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
     return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                              std::nullopt, std::nullopt, std::nullopt, reader);
+  } catch (const std::exception& e) {
+    TDIST_THROW(CheckpointError,
+                "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");
+  }
+}
+
+// Note [Loading in place]
+// LibTorch's reader copies each storage record out of the archive into memory of its own
+// (PyTorchStreamReader::getRecord), so reading a distributed checkpoint's chunk cost a fresh
+// allocation and a copy of every byte on top of the read and the copy into the target. The
+// records of a torch.save archive are stored uncompressed (at 64-byte aligned offsets), so a
+// storage can be the record's bytes where they already are: every "data/<key>" record is
+// handed to the unpickler through a DeserializationStorageContext (the mechanism
+// torch.package uses for storages it already holds), as a storage viewing `bytes` that
+// keeps `bytes` alive. The unpickler then rebuilds the tensors on those storages, checking
+// their sizes against the storages' byte sizes as usual. An archive written big-endian, or
+// one whose records cannot be located, is read the copying way.
+c10::IValue torch_load_in_place(const at::Tensor& bytes, const std::string& where) {
+  TDIST_CHECK_ARG(bytes.dim() == 1 && bytes.scalar_type() == at::kByte && bytes.is_contiguous() &&
+                      bytes.device().is_cpu(),
+                  "torch_load_in_place: expected a contiguous 1-D byte tensor on the CPU");
+  const auto* data = static_cast<const char*>(bytes.const_data_ptr());
+  const auto size = static_cast<size_t>(bytes.numel());
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
+    if (reader.hasRecord("byteorder")) {
+      const auto [order, order_size] = reader.getRecord("byteorder");
+      const std::string text(static_cast<const char*>(order.get()), order_size);
+      if (text != "little") return torch_load_bytes(data, size, where);
+    }
+    auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
+    const std::string prefix = "data/";
+    for (const std::string& record : reader.getAllRecords()) {
+      if (record.compare(0, prefix.size(), prefix) != 0) continue;
+      const size_t offset = reader.getRecordOffset(record);
+      const size_t length = reader.getRecordSize(record);
+      if (offset > size || length > size - offset) return torch_load_bytes(data, size, where);
+      // The storage's memory is `bytes`' own; its deleter only drops the reference.
+      auto* owner = new at::Tensor(bytes);
+      at::DataPtr view(
+          const_cast<char*>(data) + offset, owner,
+          [](void* ctx) { delete static_cast<at::Tensor*>(ctx); }, at::kCPU);
+      storages->addStorage(record.substr(prefix.size()),
+                           c10::Storage(c10::Storage::use_byte_size_t(), length, std::move(view),
+                                        /*allocator=*/nullptr, /*resizable=*/false));
+    }
+    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                             std::nullopt, std::nullopt, std::nullopt, reader,
+                                             torch::jit::Unpickler::defaultTypeParser, storages);
+  } catch (const tdist::Error&) {
+    throw;
   } catch (const std::exception& e) {
     TDIST_THROW(CheckpointError,
                 "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");

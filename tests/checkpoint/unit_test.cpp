@@ -1,8 +1,11 @@
 // Pure unit tests: checksums, box arithmetic, metadata encoding, fault specs.
 
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include "checkpoint/agreement.h"
@@ -12,6 +15,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/metadata_codec.h"
 #include "checkpoint/pickle_reader.h"
+#include "checkpoint/torch_blob.h"
 #include "checkpoint/zip_check.h"
 #include "tdist/error.h"
 
@@ -39,11 +43,18 @@ TEST(Crc32c, ZipCrc32MatchesTheBytewiseReference) {
   };
   std::vector<uint8_t> data(70000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
-  for (size_t n : {0, 1, 15, 16, 17, 63, 64, 65, 79, 80, 127, 128, 129, 1000, 4096, 65537}) {
-    for (size_t offset : {0, 1, 7}) {
-      const uint8_t* p = data.data() + offset;
-      EXPECT_EQ(detail::zip_crc32(0, p, n), bytewise(0, p, n)) << n << " at +" << offset;
-      EXPECT_EQ(detail::zip_crc32(0xdeadbeef, p, n), bytewise(0xdeadbeef, p, n)) << n;
+  std::cout << "zip CRC-32 kinds on this CPU: " << detail::available_zip_crc_kinds().size() << "\n";
+  for (const auto kind : detail::available_zip_crc_kinds()) {
+    for (size_t n : {0,   1,   15,  16,  17,  63,  64,  65,  79,  80,   127,  128,       129,
+                     255, 256, 257, 271, 319, 320, 511, 512, 527, 1000, 4096, 4096 + 48, 65537}) {
+      for (size_t offset : {0, 1, 7}) {
+        const uint8_t* p = data.data() + offset;
+        const int k = static_cast<int>(kind);
+        EXPECT_EQ(detail::zip_crc32(0, p, n, kind), bytewise(0, p, n))
+            << n << " at +" << offset << ", kind " << k;
+        EXPECT_EQ(detail::zip_crc32(0xdeadbeef, p, n, kind), bytewise(0xdeadbeef, p, n))
+            << n << ", kind " << k;
+      }
     }
   }
 }
@@ -57,6 +68,33 @@ TEST(Crc32c, IncrementalEqualsOneShot) {
     c = detail::crc32c(c, data.data() + cut, data.size() - cut);
     EXPECT_EQ(c, whole) << "cut at " << cut;
   }
+}
+
+// Note [Loading in place]: the loaded tensors view the archive's bytes (no copy), equal what
+// was saved, and a damaged archive is a CheckpointError.
+TEST(TorchLoadInPlace, TensorsViewTheArchiveAndEqualWhatWasSaved) {
+  const at::Tensor saved = at::randn({37, 11});
+  const std::string archive = detail::torch_save_bytes(c10::IValue(saved));
+  const at::Tensor bytes = at::empty({static_cast<int64_t>(archive.size())}, at::kByte);
+  std::memcpy(bytes.data_ptr(), archive.data(), archive.size());
+  const c10::IValue value = detail::torch_load_in_place(bytes, "the test archive");
+  ASSERT_TRUE(value.isTensor());
+  const at::Tensor loaded = value.toTensor();
+  EXPECT_TRUE(loaded.equal(saved));
+  const auto* begin = static_cast<const char*>(bytes.const_data_ptr());
+  const auto* at = static_cast<const char*>(loaded.const_data_ptr());
+  EXPECT_TRUE(at >= begin && at + loaded.nbytes() <= begin + bytes.numel())
+      << "the loaded tensor is a copy, not a view of the archive";
+  // The view keeps the archive's memory alive after the caller's reference is gone.
+  at::Tensor kept;
+  {
+    at::Tensor own = bytes.clone();
+    kept = detail::torch_load_in_place(own, "the test archive").toTensor();
+  }
+  EXPECT_TRUE(kept.equal(saved));
+  // Cut short: the records' sizes no longer fit.
+  const at::Tensor truncated = bytes.narrow(0, 0, bytes.numel() / 2).clone();
+  EXPECT_THROW(detail::torch_load_in_place(truncated, "the cut archive"), CheckpointError);
 }
 
 TEST(BlockChecksummer, BlocksMatchDirectCrcs) {
