@@ -328,6 +328,7 @@ void init_process_group(const InitProcessGroupOptions& options) {
     state->device_id = c10::impl::VirtualGuardImpl(c10::kCUDA).getDevice().str();
   }
   state->world = world;
+  detail::forget_abort();  // the world a loss aborted was destroyed before this one
   state->heartbeat = detail::start_heartbeat(*state, comm_env, rank, world_size);
   detail::state_slot() = std::move(state);
 }

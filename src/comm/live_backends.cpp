@@ -18,8 +18,8 @@ struct LiveBackends {
 };
 
 LiveBackends& live() {
-  static auto* instance =
-      new LiveBackends();  // never destroyed: heartbeat threads may outlive main
+  // Never destroyed: heartbeat threads may outlive main.
+  static auto* instance = new LiveBackends();
   return *instance;
 }
 
@@ -51,6 +51,10 @@ bool abort_live_backends(const std::string& reason) {
 
 bool live_backends_aborted() {
   return live().aborted;
+}
+
+void forget_abort() {
+  live().aborted = false;
 }
 
 }  // namespace tdist::detail

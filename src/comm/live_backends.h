@@ -31,4 +31,7 @@ bool abort_live_backends(const std::string& reason);
 /// paths skip what would wait on it (the flight recorder's report, the exit barrier's wait).
 bool live_backends_aborted();
 
+/// A new world starts without a loss (init_process_group after one was handled).
+void forget_abort();
+
 }  // namespace tdist::detail
