@@ -41,18 +41,26 @@ void BlockReader::check_size(const std::string& file) {
   open(file);
 }
 
-at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t size) {
+const InputFile& BlockReader::open_range(const std::string& file, int64_t offset, int64_t size) {
   const InputFile& in = open(file);
-  const FileInfo& info = files_.at(file);
   if (offset < 0 || size < 0 || offset + size > in.size()) {
     TDIST_THROW(CheckpointError, "checkpoint: metadata points at bytes outside '" + in.path() +
                                      "'; the metadata is corrupt");
   }
+  return in;
+}
+
+at::Tensor BlockReader::read_unverified(const InputFile& in, int64_t offset, at::Tensor out) {
+  in.read_at(offset, out.data_ptr(), out.numel());
+  bytes_read_ += out.numel();
+  return out;
+}
+
+at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t size) {
+  const InputFile& in = open_range(file, offset, size);
+  const FileInfo& info = files_.at(file);
   if (!verify_ || size == 0 || info.block_bytes <= 0) {  // <= 0: a format without checksums
-    at::Tensor out = at::empty({size}, at::kByte);
-    in.read_at(offset, out.data_ptr(), size);
-    bytes_read_ += size;
-    return out;
+    return read_unverified(in, offset, at::empty({size}, at::kByte));
   }
   const int64_t bs = info.block_bytes;
   const int64_t first = offset / bs;
@@ -78,17 +86,10 @@ at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t si
 }
 
 at::Tensor BlockReader::read_transient(const std::string& file, int64_t offset, int64_t size) {
-  const InputFile& in = open(file);
+  const InputFile& in = open_range(file, offset, size);
   if (files_.at(file).block_bytes > 0 && verify_) return read(file, offset, size);
-  if (offset < 0 || size < 0 || offset + size > in.size()) {
-    TDIST_THROW(CheckpointError, "checkpoint: metadata points at bytes outside '" + in.path() +
-                                     "'; the metadata is corrupt");
-  }
   if (!transient_.defined() || transient_.numel() < size) transient_ = at::empty({size}, at::kByte);
-  at::Tensor out = transient_.narrow(0, 0, size);
-  in.read_at(offset, out.data_ptr(), size);
-  bytes_read_ += size;
-  return out;
+  return read_unverified(in, offset, transient_.narrow(0, 0, size));
 }
 
 void BlockReader::verify_whole(const std::string& file) {

@@ -34,6 +34,10 @@ class BlockReader {
 
  private:
   const InputFile& open(const std::string& file);
+  /// open(), refusing a range outside the file.
+  const InputFile& open_range(const std::string& file, int64_t offset, int64_t size);
+  /// Reads out.numel() bytes at offset into `out`, checking nothing; returns out.
+  at::Tensor read_unverified(const InputFile& in, int64_t offset, at::Tensor out);
 
   std::string dir_;
   const std::map<std::string, FileInfo>& files_;

@@ -55,7 +55,7 @@ at::Tensor read_torch_saved(const std::string& name, const ChunkInfo& chunk, con
   const std::string where = "the chunk of '" + name + "' at offsets " + json(chunk.offsets).dump() +
                             " in '" + chunk.file + "'";
   if (reader.verifies()) detail::check_zip_crcs(bytes.data_ptr(), bytes.numel(), where);
-  const c10::IValue value = detail::torch_load_in_place(bytes.contiguous(), where);
+  const c10::IValue value = detail::torch_load_in_place(bytes, where);
   if (!value.isTensor() || value.toTensor().sizes().vec() != saved.sizes) {
     TDIST_THROW(CheckpointError, "checkpoint: " + where + " does not hold a tensor of sizes " +
                                      json(saved.sizes).dump() + "; the checkpoint is corrupt");

@@ -97,15 +97,29 @@ std::string torch_save_bytes(const c10::IValue& value) {
   return bytes;
 }
 
-c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where) {
+namespace {
+
+/// read()'s value; LibTorch's errors become a CheckpointError naming `where`.
+template <typename Read>
+c10::IValue read_or_name(const std::string& where, const Read& read) {
   try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
-    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-                                             std::nullopt, std::nullopt, std::nullopt, reader);
+    return read();
+  } catch (const tdist::Error&) {
+    throw;
   } catch (const std::exception& e) {
     TDIST_THROW(CheckpointError,
                 "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");
   }
+}
+
+}  // namespace
+
+c10::IValue torch_load_bytes(const void* data, size_t size, const std::string& where) {
+  return read_or_name(where, [&] {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
+    return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                             std::nullopt, std::nullopt, std::nullopt, reader);
+  });
 }
 
 // Note [Loading in place]
@@ -125,7 +139,7 @@ c10::IValue torch_load_in_place(const at::Tensor& bytes, const std::string& wher
                   "torch_load_in_place: expected a contiguous 1-D byte tensor on the CPU");
   const auto* data = static_cast<const char*>(bytes.const_data_ptr());
   const auto size = static_cast<size_t>(bytes.numel());
-  try {
+  return read_or_name(where, [&]() -> c10::IValue {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReadAdapter>(data, size));
     if (reader.hasRecord("byteorder")) {
       const auto [order, order_size] = reader.getRecord("byteorder");
@@ -151,12 +165,7 @@ c10::IValue torch_load_in_place(const at::Tensor& bytes, const std::string& wher
     return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                              std::nullopt, std::nullopt, std::nullopt, reader,
                                              torch::jit::Unpickler::defaultTypeParser, storages);
-  } catch (const tdist::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    TDIST_THROW(CheckpointError,
-                "checkpoint: " + where + " is not readable torch.save data (" + e.what() + ")");
-  }
+  });
 }
 
 }  // namespace detail

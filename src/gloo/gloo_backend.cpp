@@ -124,14 +124,18 @@ std::chrono::milliseconds GlooBackend::effective_timeout(const CollectiveOptions
   return opts.timeout.count() > 0 ? opts.timeout : timeout_;
 }
 
-bool GlooBackend::abort(const std::string& reason) {
-  mark_broken(reason);
+void GlooBackend::close_connections() {
   std::shared_ptr<detail::GlooComm> comm;
   {
     std::lock_guard<std::mutex> lock(connect_mutex_);
     comm = comm_;
   }
   if (comm) comm->close();
+}
+
+bool GlooBackend::abort(const std::string& reason) {
+  mark_broken(reason);
+  close_connections();
   return true;
 }
 
@@ -144,12 +148,7 @@ void GlooBackend::fail(const std::string& reason) {
     store->compare_set(kFailureKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
     return true;
   });
-  std::shared_ptr<detail::GlooComm> comm;
-  {
-    std::lock_guard<std::mutex> lock(connect_mutex_);
-    comm = comm_;
-  }
-  if (comm) comm->close();
+  close_connections();
 }
 
 WorkPtr GlooBackend::enqueue(Lane lane, const std::string& op, std::vector<at::Tensor> outputs,

@@ -125,6 +125,8 @@ class GlooBackend : public CollectiveBackend {
   /// Marks the backend broken after a communication failure and closes its connections
   /// so that peers still waiting on this rank fail fast instead of timing out.
   void fail(const std::string& reason);
+  /// Hard-closes the connections if the mesh is connected (fail and abort).
+  void close_connections();
 
   StorePtr store_;
   std::chrono::milliseconds timeout_;
