@@ -23,7 +23,7 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
   std::snprintf(name, sizeof(name), "__%d_0.distcp", rank);
   // No block checksums: each record is a torch.save zip whose entries carry zip's CRC-32,
   // which the reader checks (the DCP metadata has no place for ours).
-  OutputFile file((std::filesystem::path(dir) / name).string(), /*block_bytes=*/0);
+  OutputFile file((std::filesystem::path(dir) / name).string(), /*block_bytes=*/0, fsync);
   // Each value is torch.save'd straight into the file: its length is what was written.
   auto append = [&](const c10::IValue& value) {
     const int64_t offset = file.size();
@@ -58,7 +58,7 @@ nlohmann::json write_dcp_file(const std::vector<SliceToWrite>& slices,
   }
   if (!injected) halfway();
   const int64_t size = file.size();
-  file.close(fsync);
+  file.close();
   out["file"] = {{"name", name},
                  {"rank", rank},
                  {"size", size},

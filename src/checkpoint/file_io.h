@@ -26,23 +26,30 @@ class BlockChecksummer {
 
 /// A new file written sequentially, checksummed per block as it goes (block_bytes 0: not
 /// checksummed, for formats whose own checksums travel inside, such as DCP's torch.save zips).
+/// A durable file is fsync'd at close, its writeback started as it is written (Note
+/// [Writeback as written]).
 class OutputFile {
  public:
-  OutputFile(std::string path, int64_t block_bytes);
+  OutputFile(std::string path, int64_t block_bytes, bool durable);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
 
   void write(const void* data, size_t size);
-  /// fsync (when asked) and close; returns the block checksums.
-  std::vector<uint32_t> close(bool sync);
+  /// fsync (when durable) and close; returns the block checksums.
+  std::vector<uint32_t> close();
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
+  void write_all(const char* p, size_t size);
+  void start_writeback();
+
   int fd_ = -1;
   int64_t size_ = 0;
+  bool durable_;
+  int64_t writeback_started_ = 0;  // bytes before this offset are on their way to the disk
   bool checksummed_;
   BlockChecksummer checksummer_;
 };

@@ -166,7 +166,8 @@ json write_shard_file(const ShardedStateDict& state, const std::vector<PlannedCh
   }
   char name[32];
   std::snprintf(name, sizeof(name), "shard-%05d.bin", rank);
-  detail::OutputFile file((fs::path(partial_dir) / name).string(), options.checksum_block_bytes());
+  detail::OutputFile file((fs::path(partial_dir) / name).string(), options.checksum_block_bytes(),
+                          options.fsync());
   static const char kZeros[kChunkAlignment] = {};
   int64_t written = 0;
   bool injected = false;
@@ -194,7 +195,7 @@ json write_shard_file(const ShardedStateDict& state, const std::vector<PlannedCh
                              {"byte_length", n}});
   }
   const int64_t size = file.size();
-  const auto crcs = file.close(options.fsync());
+  const auto crcs = file.close();
   out["file"] = {{"name", name},
                  {"rank", rank},
                  {"size", size},
@@ -329,9 +330,9 @@ void commit_on_rank0(const CheckpointMetadata& metadata, const json& rank0_write
   const std::string final_meta = (fs::path(partial) / meta_name).string();
   const std::string tmp_meta = final_meta + ".tmp";
   {
-    detail::OutputFile out(tmp_meta, 1 << 20);
+    detail::OutputFile out(tmp_meta, 1 << 20, options.fsync());
     out.write(bytes.data(), bytes.size());
-    out.close(options.fsync());
+    out.close();
   }
   detail::maybe_inject(fault, rank, SavePhase::kMetadata);
   detail::rename_path(tmp_meta, final_meta);
