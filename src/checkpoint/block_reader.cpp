@@ -1,5 +1,6 @@
 #include "checkpoint/block_reader.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -69,11 +70,17 @@ at::Tensor BlockReader::read(const std::string& file, int64_t offset, int64_t si
   const int64_t end = std::min((last + 1) * bs, in.size());
   at::Tensor buffer = at::empty({end - begin}, at::kByte);
   auto* p = buffer.data_ptr<uint8_t>();
-  in.read_at(begin, p, end - begin);
-  bytes_read_ += end - begin;
+  // Read a group of blocks, then check them while they are still in the cache: one pass over
+  // memory instead of two.
+  const int64_t group = std::max<int64_t>(1, (int64_t{1} << 20) / bs);
   for (int64_t b = first; b <= last; ++b) {
     const int64_t lo = b * bs - begin;
     const int64_t n = std::min(bs, end - b * bs);
+    if ((b - first) % group == 0) {
+      const int64_t count = std::min(end - b * bs, group * bs);
+      in.read_at(b * bs, p + lo, count);
+      bytes_read_ += count;
+    }
     if (b >= static_cast<int64_t>(info.block_crc32c.size()) ||
         crc32c(0, p + lo, static_cast<size_t>(n)) != info.block_crc32c[b]) {
       TDIST_THROW(CheckpointError, "checkpoint: data file '" + in.path() + "' is corrupt: block " +

@@ -1,7 +1,8 @@
 #pragma once
 
-// CRC32C (Castagnoli), hardware-accelerated with SSE4.2 when the CPU has it; and zip's
-// CRC-32 (IEEE), for the records of torch.save archives.
+// CRC32C (Castagnoli), the checksum of tdist's own checkpoint blocks, and zip's CRC-32
+// (IEEE 802.3), for the records of torch.save archives; each computed with the fastest
+// instructions this CPU has (Note [Folding CRCs] in crc32c.cpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -12,14 +13,16 @@ namespace tdist::checkpoint::detail {
 /// Extends `crc` (0 to start) over data.
 uint32_t crc32c(uint32_t crc, const void* data, size_t size);
 
-/// Zip's CRC-32: extends `crc` (0 to start) over data, with the fastest kind this CPU has.
+/// Zip's CRC-32: extends `crc` (0 to start) over data.
 uint32_t zip_crc32(uint32_t crc, const void* data, size_t size);
 
-/// How zip_crc32 computes: slicing-by-8 tables, 128-bit carry-less multiplication (PCLMULQDQ),
-/// or 512-bit (AVX-512 VPCLMULQDQ).
-enum class ZipCrcKind { kTables, kPclmul, kVpclmul };
-/// The kinds this CPU runs, fastest last; tests compare each.
-std::vector<ZipCrcKind> available_zip_crc_kinds();
-uint32_t zip_crc32(uint32_t crc, const void* data, size_t size, ZipCrcKind kind);
+enum class CrcPolynomial { kCastagnoli, kZip };
+
+/// How a CRC is computed: slicing-by-8 tables, SSE4.2's crc32 instruction (Castagnoli only),
+/// 128-bit carry-less multiplication (PCLMULQDQ) or 512-bit (AVX-512 VPCLMULQDQ).
+enum class CrcKind { kTables, kSse42, kPclmul, kVpclmul };
+/// The kinds this CPU runs for `polynomial`, fastest last; tests compare each.
+std::vector<CrcKind> available_crc_kinds(CrcPolynomial polynomial);
+uint32_t crc32(CrcPolynomial polynomial, uint32_t crc, const void* data, size_t size, CrcKind kind);
 
 }  // namespace tdist::checkpoint::detail

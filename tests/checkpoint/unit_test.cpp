@@ -29,31 +29,38 @@ TEST(Crc32c, MatchesKnownVectors) {
   EXPECT_EQ(detail::crc32c(0, zeros.data(), zeros.size()), 0x8A9136AAu);
 }
 
-// Zip's CRC-32: the check value, and the carry-less-multiply path (64 bytes and up, where the
-// CPU has it) against a bytewise reference over lengths and alignments around its blocks.
-TEST(Crc32c, ZipCrc32MatchesTheBytewiseReference) {
+// Note [Folding CRCs]: both polynomials by every kind this CPU has (tables, SSE4.2's
+// instruction, 128- and 512-bit carry-less multiplication with constants derived from the
+// polynomial) against a bytewise reference over lengths and alignments around its blocks.
+TEST(Crc32c, EveryKindMatchesTheBytewiseReference) {
   EXPECT_EQ(detail::zip_crc32(0, "123456789", 9), 0xCBF43926u);
-  auto bytewise = [](uint32_t crc, const uint8_t* p, size_t n) {
-    crc = ~crc;
-    while (n--) {
-      crc ^= *p++;
-      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0xEDB88320u : crc >> 1;
-    }
-    return ~crc;
-  };
   std::vector<uint8_t> data(70000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
-  std::cout << "zip CRC-32 kinds on this CPU: " << detail::available_zip_crc_kinds().size() << "\n";
-  for (const auto kind : detail::available_zip_crc_kinds()) {
-    for (size_t n : {0,   1,   15,  16,  17,  63,  64,  65,  79,  80,   127,  128,       129,
-                     255, 256, 257, 271, 319, 320, 511, 512, 527, 1000, 4096, 4096 + 48, 65537}) {
-      for (size_t offset : {0, 1, 7}) {
-        const uint8_t* p = data.data() + offset;
-        const int k = static_cast<int>(kind);
-        EXPECT_EQ(detail::zip_crc32(0, p, n, kind), bytewise(0, p, n))
-            << n << " at +" << offset << ", kind " << k;
-        EXPECT_EQ(detail::zip_crc32(0xdeadbeef, p, n, kind), bytewise(0xdeadbeef, p, n))
-            << n << ", kind " << k;
+  for (const auto polynomial : {detail::CrcPolynomial::kCastagnoli, detail::CrcPolynomial::kZip}) {
+    const uint32_t reflected =
+        polynomial == detail::CrcPolynomial::kZip ? 0xEDB88320u : 0x82F63B78u;
+    auto bytewise = [&](uint32_t crc, const uint8_t* p, size_t n) {
+      crc = ~crc;
+      while (n--) {
+        crc ^= *p++;
+        for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ reflected : crc >> 1;
+      }
+      return ~crc;
+    };
+    const auto kinds = detail::available_crc_kinds(polynomial);
+    std::cout << "CRC kinds on this CPU for polynomial " << std::hex << reflected << std::dec
+              << ": " << kinds.size() << "\n";
+    for (const auto kind : kinds) {
+      for (size_t n : {0,   1,   15,  16,  17,  63,  64,  65,  79,  80,   127,  128,       129,
+                       255, 256, 257, 271, 319, 320, 511, 512, 527, 1000, 4096, 4096 + 48, 65537}) {
+        for (size_t offset : {0, 1, 7}) {
+          const uint8_t* p = data.data() + offset;
+          const int k = static_cast<int>(kind);
+          EXPECT_EQ(detail::crc32(polynomial, 0, p, n, kind), bytewise(0, p, n))
+              << n << " at +" << offset << ", kind " << k << ", polynomial " << reflected;
+          EXPECT_EQ(detail::crc32(polynomial, 0xdeadbeef, p, n, kind), bytewise(0xdeadbeef, p, n))
+              << n << ", kind " << k << ", polynomial " << reflected;
+        }
       }
     }
   }
