@@ -90,6 +90,7 @@ case "$target" in
     sources+=("$src/src/checkpoint/dcp_metadata.cpp" "$src/src/checkpoint/pickle_reader.cpp"
               "$src/src/checkpoint/pickle_writer.cpp" "$src/src/checkpoint/file_io.cpp"
               "$src/src/checkpoint/crc32c.cpp" "$src/src/checkpoint/torch_file.cpp"
+              "$src/src/checkpoint/zip_crc_filler.cpp"
               "$src/src/checkpoint/extra_state.cpp" "$src/src/checkpoint/metadata_codec.cpp"
               "$src/src/util/torch_compat.cpp")
     extra=(-msse4.2 -mpclmul)

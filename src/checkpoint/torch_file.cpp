@@ -16,6 +16,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/torch_blob.h"
+#include "checkpoint/zip_crc_filler.h"
 #include "tdist/checkpoint/interchange.h"
 #include "tdist/error.h"
 
@@ -43,13 +44,18 @@ void pickle_untagged(const c10::IValue& value,
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    sink(data, size);
-    return size;
-  });
+  // The writer's own CRC-32 is slow; the filler computes it (Note [Filling zip CRCs]).
+  detail::ZipCrcFiller filler(sink);
+  caffe2::serialize::PyTorchStreamWriter writer(
+      [&](const void* data, size_t size) {
+        filler.write(data, size);
+        return size;
+      },
+      /*compute_crc32=*/false);
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
+  filler.finish();
 }
 
 /// The bytes of a torch.save archive in memory, read in place (pickle_load would copy them).

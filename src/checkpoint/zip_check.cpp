@@ -3,17 +3,13 @@
 #include <cstdint>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/zip_format.h"
 #include "tdist/error.h"
 
 namespace tdist::checkpoint::detail {
 namespace {
 
-constexpr uint32_t kEndOfCentralDirectory = 0x06054b50;
-constexpr uint32_t kZip64EndLocator = 0x07064b50;
-constexpr uint32_t kZip64End = 0x06064b50;
-constexpr uint32_t kCentralEntry = 0x02014b50;
-constexpr uint32_t kLocalHeader = 0x04034b50;
-constexpr uint16_t kZip64Extra = 0x0001;
+using namespace zip;
 
 class ZipView {
  public:
