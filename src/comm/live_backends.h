@@ -10,8 +10,9 @@
 // waiting on any peer fails at once, and every later one fails before it starts, each with
 // DistBackendError naming the lost rank and its host. The whole group fails, not just the
 // operations that involve the lost rank, as in c10d's abort: the survivors' next collectives
-// would wait on ranks that are themselves aborting. A backend that cannot interrupt an
-// operation already waiting (abort() returns false: MPI's, a third party's) leaves no way to
+// would wait on ranks that are themselves aborting. Gloo's closes its connections, NCCL's
+// aborts its communicator. A backend that cannot interrupt an operation already waiting
+// (abort() returns false: MPI's, a third party's) leaves no way to
 // raise the loss, so the process ends as before (exit code 75).
 
 #include <string>

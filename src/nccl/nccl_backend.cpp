@@ -88,6 +88,14 @@ class NCCLBackend : public CollectiveBackend {
   std::string name() const override { return "nccl"; }
   bool takes_device_tensors(c10::DeviceType type) const override { return type == c10::kCUDA; }
 
+  // Note [Aborting on a lost peer]: ncclCommAbort makes kernels waiting on the lost peer
+  // return; every Work in flight fails with the reason and every later call is refused.
+  bool abort(const std::string& reason) override {
+    mark_broken(who() + ": nccl " + reason);
+    watchdog_->abort_in_flight("was interrupted: " + reason);
+    return true;
+  }
+
   WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts) override {
     return run("broadcast", opts, {tensor}, {tensor}, [&](cudaStream_t s, Clock::time_point d) {
       check(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),

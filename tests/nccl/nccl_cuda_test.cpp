@@ -51,6 +51,23 @@ TEST_F(NcclWorld1, EveryReduceOpAndDtype) {
   EXPECT_THROW(all_reduce(i, ReduceOp::BXOR), InvalidArgument);
 }
 
+// Note [Aborting on a lost peer]: what heartbeats do on a loss. The abort interrupts (true),
+// and every later collective on the group raises DistBackendError naming the reason.
+TEST_F(NcclWorld1, AnAbortRaisesTheReasonFromEveryLaterCollective) {
+  at::Tensor t = torch::ones({8}, cuda());
+  all_reduce(t);
+  EXPECT_TRUE(group_world()->backend("cuda").abort("rank 1 (host, pid 7) is lost"));
+  for (int i = 0; i < 2; ++i) {
+    try {
+      all_reduce(t);
+      ADD_FAILURE() << "an aborted group ran a collective";
+    } catch (const DistBackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 (host, pid 7) is lost"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST_F(NcclWorld1, EveryCollectiveAtWorld1) {
   at::Tensor x = torch::arange(12, cuda()).reshape({4, 3});
   at::Tensor b = x.clone();
