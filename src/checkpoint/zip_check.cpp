@@ -25,9 +25,7 @@ class ZipView {
     if (at > size_ || static_cast<uint64_t>(bytes) > size_ - at) {
       fail("a zip structure runs past the end");
     }
-    uint64_t v = 0;
-    for (int i = 0; i < bytes; ++i) v |= uint64_t(p_[at + i]) << (8 * i);
-    return v;
+    return read_le(p_ + at, bytes);
   }
 
   void check() const {

@@ -30,12 +30,6 @@ using namespace zip;
 
 constexpr uint32_t kDataDescriptor = 0x08074b50;
 
-uint64_t le(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t(p[i]) << (8 * i);
-  return v;
-}
-
 void put_le32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
@@ -77,29 +71,31 @@ void ZipCrcFiller::take_header_bytes(const uint8_t*& p, size_t& n) {
   // The fixed part first, then the name and extra field it announces.
   const size_t want = held_.size() < kLocalHeaderSize
                           ? kLocalHeaderSize
-                          : kLocalHeaderSize + le(&held_[26], 2) + le(&held_[28], 2);
+                          : kLocalHeaderSize + read_le(&held_[26], 2) + read_le(&held_[28], 2);
   const size_t take = std::min(n, want - held_.size());
   held_.insert(held_.end(), p, p + take);
   p += take;
   n -= take;
   if (held_.size() < 4) return;
-  const uint64_t signature = le(held_.data(), 4);
+  const uint64_t signature = read_le(held_.data(), 4);
   if (signature == kCentralEntry) {
     state_ = State::kCentralDirectory;
     return;
   }
   if (signature != kLocalHeader) unexpected("no local header where a record should start");
   if (held_.size() >= kLocalHeaderSize &&
-      held_.size() == kLocalHeaderSize + le(&held_[26], 2) + le(&held_[28], 2))
+      held_.size() == kLocalHeaderSize + read_le(&held_[26], 2) + read_le(&held_[28], 2))
     start_record();
 }
 
 void ZipCrcFiller::start_record() {
-  if (le(&held_[8], 2) != 0) unexpected("a compressed record");
-  names_.emplace_back(reinterpret_cast<const char*>(&held_[kLocalHeaderSize]), le(&held_[26], 2));
-  const bool described = (le(&held_[6], 2) & 0x8) != 0;
+  if (read_le(&held_[8], 2) != 0) unexpected("a compressed record");
+  names_.emplace_back(reinterpret_cast<const char*>(&held_[kLocalHeaderSize]),
+                      read_le(&held_[26], 2));
+  const bool described = (read_le(&held_[6], 2) & 0x8) != 0;
   // An empty record has no descriptor: its header's CRC and sizes are already right (0).
-  const bool empty = le(&held_[14], 4) == 0 && le(&held_[18], 4) == 0 && le(&held_[22], 4) == 0;
+  const bool empty =
+      read_le(&held_[14], 4) == 0 && read_le(&held_[18], 4) == 0 && read_le(&held_[22], 4) == 0;
   if (!described && !empty) unexpected("a record with data but without a data descriptor");
   sink_(held_.data(), held_.size());
   held_.clear();
@@ -114,14 +110,14 @@ void ZipCrcFiller::start_record() {
 
 bool ZipCrcFiller::is_descriptor(const uint8_t* p, size_t n) const {
   // Signature, CRC, then the stored and original sizes: 4 bytes each, or 8 under zip64.
-  if ((n != 16 && n != 24) || le(p, 4) != kDataDescriptor) return false;
-  return le(p + 8, n == 16 ? 4 : 8) == data_bytes_;
+  if ((n != 16 && n != 24) || read_le(p, 4) != kDataDescriptor) return false;
+  return read_le(p + 8, n == 16 ? 4 : 8) == data_bytes_;
 }
 
 void ZipCrcFiller::end_record(const uint8_t* descriptor, size_t n) {
   uint8_t patched[24];
   std::memcpy(patched, descriptor, n);
-  if (le(patched + 4, 4) != 0) unexpected("a record whose CRC-32 was already computed");
+  if (read_le(patched + 4, 4) != 0) unexpected("a record whose CRC-32 was already computed");
   put_le32(patched + 4, crc_);
   crcs_.push_back(crc_);
   sink_(patched, n);
@@ -131,18 +127,18 @@ void ZipCrcFiller::end_record(const uint8_t* descriptor, size_t n) {
 void ZipCrcFiller::patch_central_directory() {
   size_t at = 0;
   for (size_t i = 0; i < crcs_.size(); ++i) {
-    if (at + kCentralEntrySize > held_.size() || le(&held_[at], 4) != kCentralEntry)
+    if (at + kCentralEntrySize > held_.size() || read_le(&held_[at], 4) != kCentralEntry)
       unexpected("fewer central directory entries than records");
-    const size_t name = le(&held_[at + 28], 2), extra = le(&held_[at + 30], 2),
-                 comment = le(&held_[at + 32], 2);
+    const size_t name = read_le(&held_[at + 28], 2), extra = read_le(&held_[at + 30], 2),
+                 comment = read_le(&held_[at + 32], 2);
     if (names_[i].size() != name || at + kCentralEntrySize + name > held_.size() ||
         std::memcmp(&held_[at + kCentralEntrySize], names_[i].data(), name) != 0)
       unexpected("the central directory names another record than '" + names_[i] + "'");
-    if (le(&held_[at + 16], 4) != 0) unexpected("a record whose CRC-32 was already computed");
+    if (read_le(&held_[at + 16], 4) != 0) unexpected("a record whose CRC-32 was already computed");
     put_le32(&held_[at + 16], crcs_[i]);
     at += kCentralEntrySize + name + extra + comment;
   }
-  if (at + 4 <= held_.size() && le(&held_[at], 4) == kCentralEntry)
+  if (at + 4 <= held_.size() && read_le(&held_[at], 4) == kCentralEntry)
     unexpected("more central directory entries than records");
 }
 

@@ -16,4 +16,11 @@ constexpr uint16_t kZip64Extra = 0x0001;
 constexpr size_t kLocalHeaderSize = 30;
 constexpr size_t kCentralEntrySize = 46;
 
+/// The little-endian unsigned integer of `bytes` bytes at p (zip's byte order).
+inline uint64_t read_le(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t(p[i]) << (8 * i);
+  return v;
+}
+
 }  // namespace tdist::checkpoint::detail::zip
