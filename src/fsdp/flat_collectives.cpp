@@ -24,7 +24,8 @@ WorkPtr issue_flat(const char* name, const at::Tensor& output, const at::Tensor&
   if (group->size() == 1) {
     {
       CopyTimer copy(stats);
-      std::memcpy(output.data_ptr(), input.data_ptr(), output.nbytes());
+      // An empty buffer's data pointer may be null, which memcpy must not get.
+      if (output.nbytes() > 0) std::memcpy(output.data_ptr(), input.data_ptr(), output.nbytes());
     }
     CommTimer issue(stats.comm_issue_ns);
     return completed_work(name, {output});

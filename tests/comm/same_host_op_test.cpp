@@ -162,7 +162,8 @@ at::Tensor left_fold(const std::vector<at::Tensor>& xs) {
 }
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+  return a.numel() == b.numel() &&
+         (a.nbytes() == 0 || std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
 }
 
 at::Tensor buffer(bool symmetric, int64_t numel) {

@@ -257,7 +257,7 @@ at::Tensor left_fold(int n, int64_t numel) {
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor x = a.contiguous(), y = b.contiguous();
   return x.scalar_type() == y.scalar_type() && x.numel() == y.numel() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+         (x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0);
 }
 
 TEST(GlooShmFold, ReductionsAreTheRankOrderLeftFoldBitwise) {

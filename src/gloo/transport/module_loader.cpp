@@ -64,6 +64,38 @@ int image_file() {
   return fd;
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Note [Deep binding under a sanitizer]: the sanitizer runtimes refuse every dlopen with
+// RTLD_DEEPBIND (google/sanitizers#611), because a library that is not linked against the
+// runtime would find libc's malloc and free in its own scope first and hand the runtime
+// memory it never allocated. The module of a sanitized build is linked against it (the
+// build's -fsanitize link option), so the runtime is the first library of the module's own
+// scope: the module's and libgloo's allocations and intercepted libc calls bind to it as
+// everyone else's do. So here, and only here, libc's dlopen is called past the
+// runtime's interceptor; check_allocator_shared confirms what this relies on.
+void* open_deep(const char* path, int flags) {
+  if (!kSanitized) return dlopen(path, flags);
+  void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  using Dlopen = void* (*)(const char*, int);
+  auto libc_dlopen = libc ? reinterpret_cast<Dlopen>(dlsym(libc, "dlopen")) : nullptr;
+  if (libc_dlopen == nullptr) fail("libc's dlopen cannot be found in a sanitized build");
+  return libc_dlopen(path, flags);
+}
+
+// Under a sanitizer, the module's scope must find the runtime's malloc as the global scope
+// does, or memory would cross the interface between the runtime's heap and libc's.
+void check_allocator_shared(void* handle) {
+  if (kSanitized && dlsym(handle, "malloc") != dlsym(RTLD_DEFAULT, "malloc"))
+    fail(
+        "the module's malloc is not the process's (a sanitized tdist whose Gloo module "
+        "was linked without -fsanitize: rebuild it with the same TDIST_SANITIZE)");
+}
+
 Module* load() {
   if (const std::string early = loaded_libgloo(); !early.empty())
     fail("'" + early +
@@ -76,7 +108,7 @@ Module* load() {
   // RTLD_DEEPBIND: the module's and libgloo's own references to `gloo::` bind to libgloo
   // before the global scope, where LibTorch's copy is; RTLD_LOCAL: nothing outside binds to
   // them.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  void* handle = open_deep(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
   close(fd);
   if (handle == nullptr) {
     const char* error = dlerror();
@@ -86,6 +118,7 @@ Module* load() {
   using Entry = Module* (*)();
   auto entry = reinterpret_cast<Entry>(dlsym(handle, "tdist_gloo_transport_module"));
   if (entry == nullptr) fail("the module has no entry point");
+  check_allocator_shared(handle);
   Module* module = entry();
   if (module->abi_version() != kAbiVersion)
     fail("the module speaks ABI " + std::to_string(module->abi_version()) + ", tdist " +
