@@ -64,8 +64,17 @@ int image_file() {
   return fd;
 }
 
+// GCC's macros; clang's __has_feature (older clangs define no macro).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TDIST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TDIST_SANITIZED 1
+#endif
+#endif
+#ifdef TDIST_SANITIZED
 constexpr bool kSanitized = true;
+#undef TDIST_SANITIZED
 #else
 constexpr bool kSanitized = false;
 #endif
