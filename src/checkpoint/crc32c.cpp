@@ -266,8 +266,7 @@ uint32_t crc32(CrcPolynomial polynomial, uint32_t crc, const void* data, size_t 
   const bool zip = polynomial == CrcPolynomial::kZip;
   const auto* p = static_cast<const uint8_t*>(data);
 #if defined(__x86_64__)
-  if ((kind == CrcKind::kVpclmul && size >= 256) ||
-      ((kind == CrcKind::kPclmul || kind == CrcKind::kVpclmul) && size >= 64)) {
+  if ((kind == CrcKind::kPclmul || kind == CrcKind::kVpclmul) && size >= 64) {
     const FoldConstants& c = constants_of(polynomial);
     const size_t folded = size & ~size_t(15);
     crc = kind == CrcKind::kVpclmul && size >= 256 ? ~crc_fold_avx512(c, p, folded, ~crc)

@@ -17,15 +17,14 @@ namespace {
 // pass, without holding or copying any record's data. The writer never seeks: each record is
 // a local header (CRC and sizes left 0, flag bit 3), its data, then a data descriptor that
 // carries the CRC and sizes (an empty record has no descriptor: its header's zeros are right);
-// the central directory, written last, repeats the CRCs. So the
-// data's CRC is accumulated call by call until the descriptor arrives, recognised by its
-// signature, its length and a size equal to the bytes counted (a data call cannot also be
-// that: were a record's bytes ever to look so, the next call would not be a local header and
-// the save fails by name, not silently); the central directory is held until finish() and
-// patched entry by entry in record order, each name checked. The archive is the writer's
-// byte for byte, except that LibTorch derives its `.data/serialization_id` record from the
-// CRCs it computed, so that id, a best-effort name for the archive that no reader checks,
-// is made from zeros.
+// the central directory, written last, repeats the CRCs. So the data's CRC is accumulated
+// call by call until the descriptor arrives, recognised by its signature, its length and a
+// size equal to the bytes counted (a data call cannot also be that: were a record's bytes
+// ever to look so, the next call would not be a local header and the save fails by name, not
+// silently); the central directory is held until finish() and patched entry by entry in
+// record order, each name checked. The archive is the writer's byte for byte, except that
+// LibTorch derives its `.data/serialization_id` record from the CRCs it computed, so that id,
+// a best-effort name for the archive that no reader checks, is made from zeros.
 using namespace zip;
 
 constexpr uint32_t kDataDescriptor = 0x08074b50;
@@ -67,12 +66,14 @@ void ZipCrcFiller::write(const void* data, size_t size) {
   }
 }
 
-void ZipCrcFiller::take_header_bytes(const uint8_t*& p, size_t& n) {
+size_t ZipCrcFiller::held_header_size() const {
   // The fixed part first, then the name and extra field it announces.
-  const size_t want = held_.size() < kLocalHeaderSize
-                          ? kLocalHeaderSize
-                          : kLocalHeaderSize + read_le(&held_[26], 2) + read_le(&held_[28], 2);
-  const size_t take = std::min(n, want - held_.size());
+  if (held_.size() < kLocalHeaderSize) return kLocalHeaderSize;
+  return kLocalHeaderSize + read_le(&held_[26], 2) + read_le(&held_[28], 2);
+}
+
+void ZipCrcFiller::take_header_bytes(const uint8_t*& p, size_t& n) {
+  const size_t take = std::min(n, held_header_size() - held_.size());
   held_.insert(held_.end(), p, p + take);
   p += take;
   n -= take;
@@ -83,9 +84,7 @@ void ZipCrcFiller::take_header_bytes(const uint8_t*& p, size_t& n) {
     return;
   }
   if (signature != kLocalHeader) unexpected("no local header where a record should start");
-  if (held_.size() >= kLocalHeaderSize &&
-      held_.size() == kLocalHeaderSize + read_le(&held_[26], 2) + read_le(&held_[28], 2))
-    start_record();
+  if (held_.size() >= kLocalHeaderSize && held_.size() == held_header_size()) start_record();
 }
 
 void ZipCrcFiller::start_record() {

@@ -23,6 +23,8 @@ class ZipCrcFiller {
 
  private:
   enum class State { kHeader, kData, kCentralDirectory };
+  /// The bytes of the local header being held: the fixed part until that is in, then all.
+  size_t held_header_size() const;
   void take_header_bytes(const uint8_t*& p, size_t& n);
   void start_record();
   bool is_descriptor(const uint8_t* p, size_t n) const;

@@ -14,6 +14,7 @@
 #include "checkpoint/torch_blob.h"
 #include "checkpoint/zip_check.h"
 #include "checkpoint/zip_crc_filler.h"
+#include "checkpoint/zip_format.h"
 #include "tdist/error.h"
 
 namespace zip_crc_filler_test {
@@ -22,9 +23,8 @@ namespace {
 using tdist::checkpoint::detail::ZipCrcFiller;
 
 uint64_t le(const std::string& s, size_t at, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t(static_cast<uint8_t>(s[at + i])) << (8 * i);
-  return v;
+  return tdist::checkpoint::detail::zip::read_le(reinterpret_cast<const uint8_t*>(s.data()) + at,
+                                                 bytes);
 }
 
 struct Record {
